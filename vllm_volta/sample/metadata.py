@@ -1,0 +1,177 @@
+"""SamplingMetadata: the batch's per-row sampling parameters as tensors on the logits' device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vllm_volta.sampling_params import SamplingParams, SamplingType
+
+# Mixing constant for child seeds (a large odd number, so (seed, i) pairs rarely collide).
+_CHILD_SEED_STRIDE = 0x9E3779B97F4A7C15
+_SEED_MASK = (1 << 63) - 1
+
+
+def make_generator(seed: int, child_index: int = 0,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of child `child_index` of a request seeded with `seed`.
+
+    Child 0 uses `seed` itself, so an n=1 request is seeded exactly by its seed; child i
+    mixes (seed, i) so that siblings draw different samples. The engine creates one per
+    sequence and keeps it for the sequence's lifetime (its state advances every step).
+    """
+    mixed = (seed + child_index * _CHILD_SEED_STRIDE) & _SEED_MASK
+    gen = torch.Generator(device=device)
+    gen.manual_seed(mixed)
+    return gen
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> list[list[int]]:
+    width = max((len(r) for r in rows), default=0)
+    return [list(r) + [pad] * (width - len(r)) for r in rows]
+
+
+@dataclass
+class SamplingMetadata:
+    """Batched sampling state for B rows; every None/flag lets the sampler skip a stage.
+
+    temperature holds 1.0 for greedy rows (they are argmax-ed, never divided); top_k uses
+    0 for "off"; token-id tensors are padded with -1.
+    """
+
+    temperature: torch.Tensor | None      # [B] f32; None when all rows are greedy
+    greedy_mask: torch.Tensor | None      # [B] bool; None unless greedy and random rows mix
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None            # [B] f32; None when no row uses top-p
+    top_k: torch.Tensor | None            # [B] int64; None when no row uses top-k
+    max_top_k: int                        # largest top_k in the batch (0 if none)
+    min_p: torch.Tensor | None            # [B] f32; None when no row uses min-p
+    generators: dict[int, torch.Generator]  # row -> generator, for seeded random rows
+    max_num_logprobs: int | None          # None when no row asked for logprobs
+    no_penalties: bool
+    presence_penalties: torch.Tensor | None    # [B] f32
+    frequency_penalties: torch.Tensor | None   # [B] f32
+    repetition_penalties: torch.Tensor | None  # [B] f32
+    prompt_token_ids: torch.Tensor | None      # [B, Lp] int64, -1 padded
+    output_token_ids: torch.Tensor | None      # [B, Lo] int64, -1 padded
+    min_tokens_rows: torch.Tensor | None       # [M] int64 } (row, token) pairs to mask
+    min_tokens_token_ids: torch.Tensor | None  # [M] int64 } while min_tokens is unmet
+
+    @property
+    def no_top_p(self) -> bool:
+        return self.top_p is None
+
+    @property
+    def no_top_k(self) -> bool:
+        return self.top_k is None
+
+    @property
+    def no_min_p(self) -> bool:
+        return self.min_p is None
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], *,
+              output_token_ids: Sequence[Sequence[int]],
+              prompt_token_ids: Sequence[Sequence[int]] | None = None,
+              generators: Sequence[torch.Generator | None]
+              | Mapping[int, torch.Generator] | None = None,
+              device: torch.device | str = "cpu") -> SamplingMetadata:
+        """Build the metadata for one step.
+
+        params[i], output_token_ids[i] (generated so far, also the min_tokens count) and
+        prompt_token_ids[i] (needed only for repetition_penalty) describe row i;
+        generators gives the persistent generator of each seeded row (on `device`).
+        Scalars go to the device in one copy; the per-row loop only fills Python lists.
+        """
+        num_rows = len(params)
+        if len(output_token_ids) != num_rows:
+            raise ValueError(f"output_token_ids has {len(output_token_ids)} rows, "
+                             f"expected {num_rows} (one per SamplingParams).")
+        if generators is None:
+            gen_map: dict[int, torch.Generator] = {}
+        elif isinstance(generators, Mapping):
+            gen_map = dict(generators)
+        else:
+            gen_map = {i: g for i, g in enumerate(generators) if g is not None}
+
+        scalars: list[list[float]] = [[], [], [], [], [], [], []]
+        temps, top_ps, min_ps, presences, frequencies, repetitions, greedy = scalars
+        top_ks: list[int] = []
+        row_generators: dict[int, torch.Generator] = {}
+        num_greedy = 0
+        max_num_logprobs: int | None = None
+        min_rows: list[int] = []
+        min_ids: list[int] = []
+        for i, p in enumerate(params):
+            kind = p.sampling_type
+            greedy.append(float(kind == SamplingType.GREEDY))
+            if kind == SamplingType.GREEDY:
+                num_greedy += 1
+                temps.append(1.0)
+            else:
+                temps.append(p.temperature)
+                if kind == SamplingType.RANDOM_SEED:
+                    if i not in gen_map:
+                        raise ValueError(f"row {i} has seed={p.seed} but no generator; the "
+                                         "engine must keep one per seeded sequence.")
+                    row_generators[i] = gen_map[i]
+            top_ps.append(p.top_p)
+            top_ks.append(p.top_k)
+            min_ps.append(p.min_p)
+            presences.append(p.presence_penalty)
+            frequencies.append(p.frequency_penalty)
+            repetitions.append(p.repetition_penalty)
+            if p.logprobs is not None:
+                max_num_logprobs = max(max_num_logprobs or 0, p.logprobs)
+            if p.min_tokens and len(output_token_ids[i]) < p.min_tokens:
+                stop_ids = p.all_stop_token_ids
+                min_rows.extend([i] * len(stop_ids))
+                min_ids.extend(stop_ids)
+
+        device = torch.device(device)
+        all_greedy = num_greedy == num_rows
+        all_random = num_greedy == 0
+        # One host->device copy for all float parameters.
+        table = torch.tensor(scalars, dtype=torch.float32).to(device, non_blocking=True)
+        temp_t, top_p_t, min_p_t, pres_t, freq_t, rep_t, greedy_t = table.unbind(0)
+        no_penalties = (not any(presences) and not any(frequencies)
+                        and all(r == 1.0 for r in repetitions))
+        max_top_k = max(top_ks, default=0)
+
+        def ids_tensor(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+            return torch.tensor(_pad(rows, -1), dtype=torch.int64).to(device)
+
+        min_t = (torch.tensor([min_rows, min_ids], dtype=torch.int64).to(device)
+                 if min_rows else None)
+        prompt_t = output_t = None
+        if not no_penalties:
+            output_t = ids_tensor(output_token_ids)
+            if any(r != 1.0 for r in repetitions):
+                if prompt_token_ids is None or len(prompt_token_ids) != num_rows:
+                    raise ValueError("prompt_token_ids (one list per row) is required when a "
+                                     "row uses repetition_penalty.")
+                prompt_t = ids_tensor(prompt_token_ids)
+        return cls(
+            temperature=None if all_greedy else temp_t,
+            greedy_mask=None if all_greedy or all_random else greedy_t > 0.5,
+            all_greedy=all_greedy,
+            all_random=all_random,
+            top_p=None if all(v == 1.0 for v in top_ps) else top_p_t,
+            top_k=None if max_top_k == 0 else torch.tensor(top_ks, dtype=torch.int64,
+                                                           device=device),
+            max_top_k=max_top_k,
+            min_p=None if not any(min_ps) else min_p_t,
+            generators=row_generators,
+            max_num_logprobs=max_num_logprobs,
+            no_penalties=no_penalties,
+            presence_penalties=None if no_penalties else pres_t,
+            frequency_penalties=None if no_penalties else freq_t,
+            repetition_penalties=None if no_penalties else rep_t,
+            prompt_token_ids=prompt_t,
+            output_token_ids=output_t,
+            min_tokens_rows=None if min_t is None else min_t[0],
+            min_tokens_token_ids=None if min_t is None else min_t[1],
+        )

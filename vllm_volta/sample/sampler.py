@@ -1,0 +1,88 @@
+"""Sampler: [B, V] logits + SamplingMetadata -> next token per row (and logprobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vllm_volta.sample.filters import apply_min_p, apply_top_k_top_p
+from vllm_volta.sample.logprobs import LogprobsTensors, gather_logprobs
+from vllm_volta.sample.metadata import SamplingMetadata
+from vllm_volta.sample.penalties import apply_min_tokens, apply_penalties
+
+
+@dataclass
+class SamplerOutput:
+    """sampled_token_ids [B] int64; logprobs_tensors (None unless a row asked for
+    logprobs) holds the sampled token, the batch's max top-k and the sampled token's rank,
+    all from the raw logits' log-softmax (vLLM's default "raw_logprobs")."""
+
+    sampled_token_ids: torch.Tensor
+    logprobs_tensors: LogprobsTensors | None = None
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Draw one token per row from `probs` with the exponential race argmax(p / q), q ~ Exp(1).
+
+    Seeded rows draw their q from their own generator, so their samples do not depend on
+    which other rows share the batch or in which order.
+    """
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    # q == 0 would turn a masked p == 0 into NaN, which argmax would pick.
+    q.clamp_min_(torch.finfo(q.dtype).tiny)
+    return probs.div_(q).argmax(dim=1)
+
+
+class Sampler(nn.Module):
+    """vLLM's sampling pipeline.
+
+    Order: min_tokens masking of stop/eos ids, penalties (repetition on prompt + output,
+    presence/frequency on output), greedy argmax for temperature-0 rows; for the others
+    temperature, top-k, top-p, min-p, then an exponential-race sample.
+    """
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            raw_logprobs = logits.float().log_softmax(dim=1)
+        needs_copy = not (metadata.all_greedy and metadata.no_penalties
+                          and metadata.min_tokens_rows is None)
+        # Work on a private float32 copy: the caller's logits stay untouched.
+        logits = logits.to(torch.float32, copy=needs_copy)
+        logits = apply_min_tokens(logits, metadata.min_tokens_rows,
+                                  metadata.min_tokens_token_ids)
+        if not metadata.no_penalties:
+            logits = apply_penalties(
+                logits, prompt_token_ids=metadata.prompt_token_ids,
+                output_token_ids=metadata.output_token_ids,
+                presence_penalties=metadata.presence_penalties,
+                frequency_penalties=metadata.frequency_penalties,
+                repetition_penalties=metadata.repetition_penalties)
+        sampled = self.sample(logits, metadata)
+        logprobs_tensors = None
+        if raw_logprobs is not None:
+            logprobs_tensors = gather_logprobs(raw_logprobs, sampled,
+                                               metadata.max_num_logprobs)
+        return SamplerOutput(sampled, logprobs_tensors)
+
+    @staticmethod
+    def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Greedy and/or random sampling of already-penalized float32 logits (modified)."""
+        greedy = None if metadata.all_random else logits.argmax(dim=1)
+        if metadata.all_greedy:
+            return greedy
+        logits.div_(metadata.temperature.unsqueeze(1))
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k,
+                                   metadata.top_p)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        sampled = random_sample(logits.softmax(dim=1), metadata.generators)
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.greedy_mask, greedy, sampled)

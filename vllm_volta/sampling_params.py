@@ -1,0 +1,213 @@
+"""SamplingParams: how one request samples, with vLLM's field names, defaults and checks."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("vllm_volta.sampling_params")
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
+# Tiny positive temperatures overflow fp32 logits / T; vLLM raises them to this floor.
+MIN_RANDOM_TEMPERATURE = 1e-2
+# Largest `logprobs` / `prompt_logprobs` a request may ask for (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
+
+
+class SamplingType(enum.IntEnum):
+    """How the sampler treats a row."""
+
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _range_error(name: str, allowed: str, value: Any) -> ValueError:
+    return ValueError(f"{name} must be {allowed}, got {value!r}.")
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters of one request (vLLM's names, defaults and validation).
+
+    temperature=0 is greedy; top_k 0 or -1 disables top-k (stored as 0); max_tokens=None
+    lets the engine generate up to max_model_len; seed makes a request reproducible on its
+    own, whatever else shares its batch.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    detokenize: bool = True
+    # Stop ids including the model's eos ids: masked out while min_tokens is unmet.
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+    _eos_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Normalize the forms vLLM accepts before checking ranges.
+        if self.seed == -1:
+            self.seed = None
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        # OpenAI clients send logprobs=True meaning "the sampled token only".
+        if self.logprobs is True:
+            self.logprobs = 0
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 0
+        self._verify_args()
+        if 0 < self.temperature < MIN_RANDOM_TEMPERATURE:
+            logger.warning("temperature %s is below %s and may overflow; using %s.",
+                           self.temperature, MIN_RANDOM_TEMPERATURE, MIN_RANDOM_TEMPERATURE)
+            self.temperature = MIN_RANDOM_TEMPERATURE
+        if self.temperature < SAMPLING_EPS:
+            # Greedy ignores the filters; resetting them keeps the sampler's fast path.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._all_stop_token_ids = set(self.stop_token_ids)
+
+    def _verify_args(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "temperature", "top_p", "min_p"):
+            _check_number(name, getattr(self, name))
+        _check_int("n", self.n)
+        if self.n < 1:
+            raise _range_error("n", "at least 1", self.n)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise _range_error(name, "in [-2, 2]", value)
+        if not self.repetition_penalty > 0.0:
+            raise _range_error("repetition_penalty", "greater than 0", self.repetition_penalty)
+        if not self.temperature >= 0.0:
+            raise _range_error("temperature", "non-negative (0 = greedy)", self.temperature)
+        if not 0.0 < self.top_p <= 1.0:
+            raise _range_error("top_p", "in (0, 1]", self.top_p)
+        _check_int("top_k", self.top_k)
+        if self.top_k < 0:
+            raise _range_error("top_k", "-1 or 0 (disabled) or at least 1", self.top_k)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise _range_error("min_p", "in [0, 1]", self.min_p)
+        if self.seed is not None:
+            _check_int("seed", self.seed)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens)
+            if self.max_tokens < 1:
+                raise _range_error("max_tokens", "at least 1 (or None)", self.max_tokens)
+        _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise _range_error("min_tokens", "at least 0", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _range_error("min_tokens", f"at most max_tokens={self.max_tokens}",
+                               self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value)
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise _range_error(name, f"in [0, {MAX_LOGPROBS}] (or None)", value)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must hold non-empty strings, got {s!r}.")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t)
+            if t < 0:
+                raise _range_error("stop_token_ids", "non-negative token ids", t)
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True; use stop_token_ids instead.")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        """GREEDY for temperature 0, else RANDOM_SEED if seeded, else RANDOM."""
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """stop_token_ids plus the model's eos ids (after update_from_tokenizer)."""
+        return self._all_stop_token_ids
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The model's eos ids that end generation unless ignore_eos is set."""
+        return self._eos_token_ids
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters of streamed text to hold back: they may still start a stop string."""
+        if self.stop and not self.include_stop_str_in_output:
+            return max(len(s) for s in self.stop) - 1
+        return 0
+
+    def update_from_tokenizer(self, eos_token_id: int | Iterable[int] | None) -> None:
+        """Record the model's eos id(s); called by the engine when the request is added.
+
+        The eos ids join all_stop_token_ids (so min_tokens also holds eos back) even with
+        ignore_eos, as in vLLM; whether eos ends generation is `is_stop_token`'s business.
+        """
+        if eos_token_id is None:
+            return
+        ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        self._eos_token_ids |= ids
+        self._all_stop_token_ids |= ids
+
+    def is_stop_token(self, token_id: int) -> bool:
+        """Whether sampling `token_id` finishes the request with finish_reason "stop"."""
+        if token_id in self.stop_token_ids:
+            return True
+        return not self.ignore_eos and token_id in self._eos_token_ids
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (the engine mutates its copy, never the user's object)."""
+        return copy.deepcopy(self)
+
+    def __repr__(self) -> str:
+        return (f"SamplingParams(n={self.n}, presence_penalty={self.presence_penalty}, "
+                f"frequency_penalty={self.frequency_penalty}, "
+                f"repetition_penalty={self.repetition_penalty}, "
+                f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}, "
+                f"min_p={self.min_p}, seed={self.seed}, stop={self.stop}, "
+                f"stop_token_ids={self.stop_token_ids}, "
+                f"include_stop_str_in_output={self.include_stop_str_in_output}, "
+                f"ignore_eos={self.ignore_eos}, max_tokens={self.max_tokens}, "
+                f"min_tokens={self.min_tokens}, logprobs={self.logprobs}, "
+                f"prompt_logprobs={self.prompt_logprobs}, "
+                f"skip_special_tokens={self.skip_special_tokens}, "
+                f"spaces_between_special_tokens={self.spaces_between_special_tokens})")
