@@ -1,0 +1,238 @@
+"""Tuned kernel launch configs: JSON files named by op, shape and device, looked up by batch size.
+
+A file such as
+``op=paged_attention_decode,head_size=128,num_kv_heads=8,dtype=float16,device_name=NVIDIA_H200.json``
+maps batch sizes (string keys) to launch parameters::
+
+    {"1": {"num_splits": 8, "num_warps": 4}, "64": {"num_splits": 1, "num_warps": 8}}
+
+Files are searched in VLLM_VOLTA_KERNEL_CONFIG_DIR (user-tuned, wins) and then in the shipped
+folder ``vllm_volta/kernel_configs/``. The entry for the nearest batch size is used (the smaller
+one on a tie). With no matching file the caller's default is returned and one warning names the
+file that was looked for. Tuners (benchmarks/kernels/) write files with ``write_kernel_config``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_volta import envs
+from vllm_volta.logger import init_logger, warning_once
+from vllm_volta.platforms import get_current_platform
+
+logger = init_logger(__name__)
+
+SHIPPED_CONFIG_DIR = Path(__file__).resolve().parent / "kernel_configs"
+_USER_DIR_VAR = "VLLM_VOLTA_KERNEL_CONFIG_DIR"
+_NAME_PART = re.compile(r"[A-Za-z0-9_.+-]+")
+_UNSAFE_IN_DEVICE_NAME = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
+def normalize_device_name(name: str) -> str:
+    """Device name as it appears in file names: "NVIDIA H100 80GB HBM3" -> "NVIDIA_H100_80GB_HBM3".
+
+    Spaces become underscores (as in vLLM's config files); so does any other character that is
+    unsafe in a file name.
+    """
+    normalized = _UNSAFE_IN_DEVICE_NAME.sub("_", name.strip())
+    if not normalized:
+        raise ValueError(f"device_name must be a non-empty string; got {name!r}")
+    return normalized
+
+
+def _format_value(key: str, value: Any) -> str:
+    text = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else str(value)
+    if not _NAME_PART.fullmatch(text):
+        raise ValueError(
+            f"kernel config field {key}={value!r} must be letters, digits or _.+- only"
+        )
+    return text
+
+
+def kernel_config_file_name(op: str, *, device_name: str, **shape: Any) -> str:
+    """``op=<op>,<key>=<value>,...,device_name=<normalized name>.json``, shape keys in call order.
+
+    torch dtypes are written without the "torch." prefix (dtype=float16).
+    """
+    parts = [f"op={_format_value('op', op)}"]
+    for key, value in shape.items():
+        if key in ("op", "device_name"):
+            raise ValueError(f"kernel config shape field may not be named {key!r}")
+        parts.append(f"{_format_value('shape key', key)}={_format_value(key, value)}")
+    parts.append(f"device_name={normalize_device_name(device_name)}")
+    return ",".join(parts) + ".json"
+
+
+@dataclass(frozen=True)
+class _ConfigTable:
+    """One parsed file: sorted batch sizes and their launch parameters."""
+
+    path: Path
+    batch_sizes: tuple[int, ...]
+    configs: tuple[dict[str, Any], ...]
+
+    def nearest(self, batch_size: int) -> dict[str, Any]:
+        i = bisect.bisect_left(self.batch_sizes, batch_size)
+        if i == len(self.batch_sizes):
+            return self.configs[-1]
+        if i > 0 and batch_size - self.batch_sizes[i - 1] <= self.batch_sizes[i] - batch_size:
+            return self.configs[i - 1]
+        return self.configs[i]
+
+
+def _parse_batch_size(key: Any, where: str) -> int:
+    try:
+        size = int(key)
+    except (TypeError, ValueError):
+        size = 0
+    if isinstance(key, bool) or size < 1 or str(size) != str(key).strip():
+        raise ValueError(f"{where}: batch size keys must be positive integers; got {key!r}")
+    return size
+
+
+def _validated_entries(data: Any, where: str) -> list[tuple[int, dict[str, Any]]]:
+    """Check a {batch size: {param: value}} mapping; returns entries sorted by batch size."""
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError(f"{where}: expected a non-empty mapping of batch size -> launch params")
+    entries = []
+    for key, params in data.items():
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{where}: entry {key!r} must be a mapping of launch params")
+        entries.append((_parse_batch_size(key, where), dict(params)))
+    entries.sort(key=lambda e: e[0])
+    sizes = [size for size, _ in entries]
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"{where}: duplicate batch sizes {sizes}")
+    return entries
+
+
+def _search_dirs(user_dir: str | None) -> list[Path]:
+    return ([Path(user_dir)] if user_dir else []) + [SHIPPED_CONFIG_DIR]
+
+
+@lru_cache(maxsize=None)
+def _find_table(file_name: str, user_dir: str | None) -> _ConfigTable | None:
+    for folder in _search_dirs(user_dir):
+        path = folder / file_name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"kernel config {path} is not valid JSON: {e}") from e
+            entries = _validated_entries(data, f"kernel config {path}")
+            return _ConfigTable(
+                path, tuple(s for s, _ in entries), tuple(c for _, c in entries)
+            )
+    return None
+
+
+def _default_device_name() -> str:
+    return get_current_platform().get_device_name()
+
+
+def load_kernel_config_table(
+    op: str, *, device_name: str | None = None, **shape: Any
+) -> dict[int, dict[str, Any]] | None:
+    """The whole tuned table for (op, shape, device) as {batch size: params}, or None."""
+    file_name = kernel_config_file_name(op, device_name=device_name or _default_device_name(), **shape)
+    table = _find_table(file_name, envs.get(_USER_DIR_VAR))
+    if table is None:
+        return None
+    return {size: dict(cfg) for size, cfg in zip(table.batch_sizes, table.configs)}
+
+
+def get_kernel_config(
+    op: str,
+    batch_size: int,
+    *,
+    default: Mapping[str, Any],
+    device_name: str | None = None,
+    **shape: Any,
+) -> dict[str, Any]:
+    """Launch params for ``op`` at ``batch_size`` (nearest tuned entry), or a copy of ``default``.
+
+    ``device_name`` defaults to the current device's name. Lookups are cached (this sits in hot
+    paths); call ``clear_kernel_config_cache()`` after editing files outside
+    ``write_kernel_config``.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    found = _cached_lookup(
+        op, batch_size, device_name or _default_device_name(), tuple(shape.items()),
+        envs.raw(_USER_DIR_VAR),
+    )
+    return dict(default if found is None else found)
+
+
+@lru_cache(maxsize=4096)
+def _cached_lookup(
+    op: str,
+    batch_size: int,
+    device_name: str,
+    shape_items: tuple[tuple[str, Any], ...],
+    user_dir_text: str | None,
+) -> dict[str, Any] | None:
+    file_name = kernel_config_file_name(op, device_name=device_name, **dict(shape_items))
+    user_dir = envs.ENV_VARS[_USER_DIR_VAR].parse(user_dir_text)
+    table = _find_table(file_name, user_dir)
+    if table is None:
+        searched = ", ".join(str(d) for d in _search_dirs(user_dir))
+        warning_once(
+            logger,
+            "No tuned kernel config %s (searched %s); using the default config for %s",
+            file_name, searched, op,
+        )
+        return None
+    return table.nearest(batch_size)
+
+
+def write_kernel_config(
+    op: str,
+    configs: Mapping[int, Mapping[str, Any]],
+    *,
+    device_name: str | None = None,
+    directory: str | os.PathLike[str] | None = None,
+    **shape: Any,
+) -> Path:
+    """Write a tuned table (batch size -> launch params) and return the file's path.
+
+    ``directory`` defaults to VLLM_VOLTA_KERNEL_CONFIG_DIR when set, else the shipped folder.
+    The write is atomic (temporary file + rename) and clears the lookup cache.
+    """
+    file_name = kernel_config_file_name(op, device_name=device_name or _default_device_name(), **shape)
+    entries = _validated_entries(configs, f"configs for {file_name}")
+    if directory is None:
+        directory = envs.get(_USER_DIR_VAR) or SHIPPED_CONFIG_DIR
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({str(size): params for size, params in entries}, indent=4) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; configs are meant to be shared
+        path = folder / file_name
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    clear_kernel_config_cache()
+    logger.info("Wrote kernel config %s", path)
+    return path
+
+
+def clear_kernel_config_cache() -> None:
+    """Forget parsed files (call after editing config files by hand)."""
+    _cached_lookup.cache_clear()
+    _find_table.cache_clear()
