@@ -1,0 +1,57 @@
+"""Which backends an offline benchmark runs, in which order, on which dtype.
+
+vllm-volta runs first and is torn down before transformers runs, so each has the device to
+itself (the engine sizes its KV cache from free memory). The transformers reference reuses
+the dtype the engine resolved, so both sides compute in the same precision.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Iterator
+
+import torch
+
+from benchmarks.cli_args import engine_kwargs
+from benchmarks.utils import default_device, parse_dtype
+
+
+def standalone_hf_dtype(dtype_flag: str, hf_config: Any, device: torch.device) -> torch.dtype:
+    """--dtype for a transformers-only run: 'auto' = the config's dtype (fp32 on CPU, fp16
+    instead of bf16 below SM80), as the engine would choose."""
+    if dtype_flag != "auto":
+        return parse_dtype(dtype_flag)
+    if device.type != "cuda":
+        return torch.float32
+    dtype = getattr(hf_config, "dtype", None) or torch.float16
+    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) < (8, 0):
+        return torch.float16
+    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+
+
+def iter_runners(args: argparse.Namespace, hf_config: Any,
+                 hf_batch_size: int) -> Iterator[Any]:
+    """Yield the runners the flags ask for (ours first), closing each after its turn."""
+    dtype = None
+    if args.backend == "vllm-volta":
+        from benchmarks.engine_runner import EngineRunner
+
+        runner = EngineRunner(engine_kwargs(args), temperature=args.temperature)
+        dtype = runner.dtype
+        try:
+            yield runner
+        finally:
+            runner.close()
+    if args.backend == "hf" or args.compare_hf:
+        from benchmarks.hf_reference import HFRunner
+
+        device = default_device()
+        if dtype is None:
+            dtype = standalone_hf_dtype(args.dtype, hf_config, device)
+        runner = HFRunner(args.model, dtype=dtype, device=device, load_format=args.load_format,
+                          seed=args.seed, batch_size=hf_batch_size,
+                          temperature=args.temperature)
+        try:
+            yield runner
+        finally:
+            runner.close()

@@ -1,0 +1,107 @@
+"""Offline throughput: N random token-id prompts of fixed input/output length, all at once.
+
+    python benchmarks/benchmark_throughput.py --config qwen2.5-1.5b --input-len 512 \\
+        --output-len 256 --num-prompts 1000 --compare-hf --hf-batch-size 256
+
+Prints one JSON document (vLLM's fields: elapsed_time, num_requests, total_num_tokens,
+requests_per_second, tokens_per_second, plus output_tokens_per_second) for the primary backend,
+per-backend results under "results", and ours/transformers under "ratio_vs_hf".
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.backends import iter_runners  # noqa: E402
+from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
+                                 finalize_model_args)
+from benchmarks.utils import (device_info, log, random_token_prompts, ratio,  # noqa: E402
+                              run_and_emit, timed)
+
+_RATIO_KEYS = ("requests_per_second", "output_tokens_per_second", "tokens_per_second")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(parser)
+    add_backend_args(parser)
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--hf-batch-size", type=int, default=64,
+                        help="batch size of the transformers reference generate")
+    parser.add_argument("--output-json", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    check_positive(args, "input_len", "output_len", "num_prompts", "hf_batch_size")
+    finalize_model_args(args)
+    return args
+
+
+def throughput_metrics(elapsed: float, prompts: Sequence[Sequence[int]],
+                       output_lens: Sequence[int]) -> dict[str, float]:
+    """vLLM's throughput fields from one timed run; token counts are what was generated."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    output_tokens = sum(output_lens)
+    return {
+        "elapsed_time": elapsed,
+        "num_requests": len(prompts),
+        "total_prompt_tokens": prompt_tokens,
+        "total_output_tokens": output_tokens,
+        "total_num_tokens": prompt_tokens + output_tokens,
+        "requests_per_second": len(prompts) / elapsed,
+        "output_tokens_per_second": output_tokens / elapsed,
+        "tokens_per_second": (prompt_tokens + output_tokens) / elapsed,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(args.model)
+    prompts = random_token_prompts(args.num_prompts, args.input_len, hf_config.vocab_size,
+                                   args.seed)
+    warmup = prompts[:2]
+    results: dict[str, dict[str, Any]] = {}
+    for runner in iter_runners(args, hf_config, args.hf_batch_size):
+        # Warm-up (lazy library init, allocator, kernels' first launch) is not timed.
+        runner.generate(warmup, min(4, args.output_len))
+        log(f"{runner.name}: {len(prompts)} prompts x ({args.input_len} in, "
+            f"{args.output_len} out)")
+        with timed(runner.device) as t:
+            output_lens = runner.generate(prompts, args.output_len)
+        results[runner.name] = {"dtype": str(runner.dtype).removeprefix("torch."),
+                                **throughput_metrics(t["elapsed"], prompts, output_lens)}
+        log(f"{runner.name}: {results[runner.name]['output_tokens_per_second']:.1f} output tok/s")
+
+    result: dict[str, Any] = {
+        "benchmark": "throughput",
+        "backend": args.backend,
+        "model": args.model,
+        "load_format": args.load_format,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_prompts": args.num_prompts,
+        **results[args.backend],
+        "results": results,
+        "device": device_info(),
+        "args": vars(args),
+    }
+    if "vllm-volta" in results and "hf" in results:
+        result["hf_batch_size"] = args.hf_batch_size
+        result["ratio_vs_hf"] = {k: ratio(results["vllm-volta"][k], results["hf"][k])
+                                 for k in _RATIO_KEYS}
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return run_and_emit(lambda: run(args), args.output_json)
+
+
+if __name__ == "__main__":
+    main()

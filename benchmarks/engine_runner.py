@@ -1,0 +1,80 @@
+"""The vllm-volta side of the offline benchmarks: an LLMEngine driven step by step.
+
+Uses the engine contract of docs/ARCHITECTURE.md (EngineArgs -> LLMEngine.from_engine_args,
+add_request with token-id prompts, step until done), which is what ``LLM.generate`` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import itertools
+from typing import Any, Sequence
+
+import torch
+
+from benchmarks.utils import log, parse_dtype
+
+
+class EngineRunner:
+    """Runs batches of token-id prompts through one LLMEngine, each to exactly ``output_len``."""
+
+    name = "vllm-volta"
+    device = None  # timing syncs whatever CUDA device the engine initialised
+
+    def __init__(self, engine_kwargs: dict[str, Any], temperature: float = 1.0) -> None:
+        from vllm_volta.engine.arg_utils import EngineArgs
+        from vllm_volta.engine.llm_engine import LLMEngine
+
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        kwargs = dict(engine_kwargs)
+        # Random-weight models ship no tokenizer; token-id prompts do not need one.
+        fields = {f.name for f in dataclasses.fields(EngineArgs)}
+        if (kwargs.get("load_format") == "dummy" and "tokenizer" not in kwargs
+                and "skip_tokenizer_init" in fields):
+            kwargs["skip_tokenizer_init"] = True
+        log(f"building vllm-volta engine: {kwargs}")
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        self.temperature = temperature
+        self._ids = itertools.count()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype the engine resolved (after 'auto' and the Volta FP16 cast)."""
+        return parse_dtype(self.engine.model_config.dtype)
+
+    def _sampling_params(self, output_len: int) -> Any:
+        from vllm_volta.sampling_params import SamplingParams
+
+        kwargs: dict[str, Any] = {"n": 1, "temperature": self.temperature, "top_p": 1.0,
+                                  "ignore_eos": True, "max_tokens": output_len}
+        # Skip detokenization where supported: the benchmark only counts token ids.
+        if "detokenize" in inspect.signature(SamplingParams).parameters:
+            kwargs["detokenize"] = False
+        return SamplingParams(**kwargs)
+
+    def generate(self, prompts: Sequence[Sequence[int]], output_len: int) -> list[int]:
+        """Add every prompt, step until all finish; returns each request's output length."""
+        params = self._sampling_params(output_len)
+        request_ids = []
+        for prompt in prompts:
+            request_id = f"bench-{next(self._ids)}"
+            self.engine.add_request(request_id, list(prompt), params)
+            request_ids.append(request_id)
+        lengths: dict[str, int] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    lengths[out.request_id] = len(out.outputs[0].token_ids)
+        return [lengths[r] for r in request_ids]
+
+    def close(self) -> None:
+        """Release the engine (weights, KV cache, graphs) before another backend runs."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del self.engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
