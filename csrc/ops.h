@@ -1,0 +1,35 @@
+// Host entry points of every op in the _C library. The adapter functions are
+// device-agnostic (torch::stable ops) and double as the CPU kernels; the native_*
+// functions launch our CUDA kernels.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+namespace vllm_volta {
+
+using torch::stable::Tensor;
+
+// ---- V100 adapter / CPU (csrc/v100_adapter/adapter_ops.cpp) ----
+void adapter_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon);
+void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon);
+void adapter_silu_and_mul(Tensor result, Tensor input);
+void adapter_gelu_and_mul(Tensor out, Tensor input);
+void adapter_gelu_tanh_and_mul(Tensor out, Tensor input);
+
+// ---- Meta: shape/dtype validation only (csrc/torch_bindings.cpp) ----
+void meta_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon);
+void meta_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon);
+void meta_silu_and_mul(Tensor result, Tensor input);
+void meta_gelu_and_mul(Tensor out, Tensor input);
+void meta_gelu_tanh_and_mul(Tensor out, Tensor input);
+
+#ifdef USE_CUDA
+// ---- native CUDA kernels (csrc/*_kernels.cu) ----
+void native_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon);
+void native_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon);
+void native_silu_and_mul(Tensor result, Tensor input);
+void native_gelu_and_mul(Tensor out, Tensor input);
+void native_gelu_tanh_and_mul(Tensor out, Tensor input);
+#endif
+
+}  // namespace vllm_volta

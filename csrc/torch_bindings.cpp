@@ -1,0 +1,84 @@
+// The _C op library: every schema declared once (vLLM's schemas), plus the
+// registrations that exist in every build. One kernel per (op, dispatch key):
+//   CPU   : the V100 adapter functions (device-agnostic torch::stable code)
+//   Meta  : validation only (shape/dtype checks; these ops return nothing)
+//   CUDA  : the adapter here when VLLM_V100_ADAPTER, else the native kernels
+//           (csrc/cuda_bindings.cpp, under #ifndef VLLM_V100_ADAPTER)
+// `_C_adapter` exposes the same adapter functions under their own namespace so a
+// native build can benchmark/test the adapter on a GPU beside the native kernels.
+#include "ops.h"
+#include "op_checks.h"
+
+#include <torch/csrc/stable/library.h>
+
+namespace vllm_volta {
+
+void meta_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon) {
+  check_norm_args("rms_norm", "result", result, "input", input, weight, epsilon);
+}
+void meta_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon) {
+  check_norm_args("fused_add_rms_norm", "residual", residual, "input", input, weight, epsilon);
+}
+void meta_silu_and_mul(Tensor result, Tensor input) {
+  check_act_and_mul_args("silu_and_mul", result, input);
+}
+void meta_gelu_and_mul(Tensor out, Tensor input) {
+  check_act_and_mul_args("gelu_and_mul", out, input);
+}
+void meta_gelu_tanh_and_mul(Tensor out, Tensor input) {
+  check_act_and_mul_args("gelu_tanh_and_mul", out, input);
+}
+
+}  // namespace vllm_volta
+
+using namespace vllm_volta;
+
+#define VLLM_VOLTA_DEFINE_NORM_ACT_SCHEMAS(m)                                                  \
+  m.def("rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()");        \
+  m.def("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()"); \
+  m.def("silu_and_mul(Tensor! result, Tensor input) -> ()");                                  \
+  m.def("gelu_and_mul(Tensor! out, Tensor input) -> ()");                                     \
+  m.def("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()")
+
+#define VLLM_VOLTA_IMPL_ADAPTER(m)                                         \
+  m.impl("rms_norm", TORCH_BOX(&adapter_rms_norm));                        \
+  m.impl("fused_add_rms_norm", TORCH_BOX(&adapter_fused_add_rms_norm));    \
+  m.impl("silu_and_mul", TORCH_BOX(&adapter_silu_and_mul));                \
+  m.impl("gelu_and_mul", TORCH_BOX(&adapter_gelu_and_mul));                \
+  m.impl("gelu_tanh_and_mul", TORCH_BOX(&adapter_gelu_tanh_and_mul))
+
+STABLE_TORCH_LIBRARY(_C, m) {
+  VLLM_VOLTA_DEFINE_NORM_ACT_SCHEMAS(m);
+}
+
+STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
+  VLLM_VOLTA_IMPL_ADAPTER(m);
+}
+
+STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
+  m.impl("rms_norm", TORCH_BOX(&meta_rms_norm));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&meta_fused_add_rms_norm));
+  m.impl("silu_and_mul", TORCH_BOX(&meta_silu_and_mul));
+  m.impl("gelu_and_mul", TORCH_BOX(&meta_gelu_and_mul));
+  m.impl("gelu_tanh_and_mul", TORCH_BOX(&meta_gelu_tanh_and_mul));
+}
+
+#if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)
+STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
+  VLLM_VOLTA_IMPL_ADAPTER(m);
+}
+#endif
+
+STABLE_TORCH_LIBRARY(_C_adapter, m) {
+  VLLM_VOLTA_DEFINE_NORM_ACT_SCHEMAS(m);
+}
+
+STABLE_TORCH_LIBRARY_IMPL(_C_adapter, CPU, m) {
+  VLLM_VOLTA_IMPL_ADAPTER(m);
+}
+
+#ifdef USE_CUDA
+STABLE_TORCH_LIBRARY_IMPL(_C_adapter, CUDA, m) {
+  VLLM_VOLTA_IMPL_ADAPTER(m);
+}
+#endif

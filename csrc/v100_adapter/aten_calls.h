@@ -1,0 +1,60 @@
+// The few ATen ops the V100 adapter needs that torch/csrc/stable/ops.h does not wrap,
+// called through the stable dispatcher (torch_call_dispatcher). The dispatcher picks
+// the device kernel, so every function here works for CPU and CUDA tensors alike.
+// (Ops taking a Scalar cannot be boxed as StableIValue; none of these does.)
+#pragma once
+
+#include <torch/csrc/stable/c/shim.h>
+#include <torch/csrc/stable/macros.h>
+#include <torch/csrc/stable/stableivalue_conversions.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vllm_volta::aten {
+
+using torch::stable::Tensor;
+using torch::stable::detail::from;
+using torch::stable::detail::to;
+
+template <size_t N>
+inline void call(const char* op, const char* overload, std::array<StableIValue, N>& stack) {
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(op, overload, stack.data(), TORCH_ABI_VERSION));
+}
+
+// x / (1 + exp(-x)), computed in fp32 for reduced-precision inputs.
+inline Tensor silu(const Tensor& x) {
+  std::array<StableIValue, 1> stack{from(x)};
+  call("aten::silu", "", stack);
+  return to<Tensor>(stack[0]);
+}
+
+// approximate: "none" (erf) or "tanh".
+inline Tensor gelu(const Tensor& x, const std::string& approximate) {
+  std::array<StableIValue, 2> stack{from(x), from(approximate)};
+  call("aten::gelu", "", stack);
+  return to<Tensor>(stack[0]);
+}
+
+// out <- a * b (broadcasting), written in place into `out` without a temporary.
+inline void mul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
+  std::array<StableIValue, 3> stack{from(a), from(b), from(out)};
+  call("aten::mul", "out", stack);
+  (void)to<Tensor>(stack[0]);  // release the returned reference to `out`
+}
+
+// x * rsqrt(mean(x^2, -1) + eps), fp32 accumulation, result in x's dtype (no weight:
+// the caller multiplies by the weight in x's dtype, as HF/vLLM RMSNorm do).
+inline Tensor fused_rms_norm(const Tensor& x, double epsilon) {
+  const std::vector<int64_t> normalized_shape{x.size(-1)};
+  std::array<StableIValue, 4> stack{from(x), from(normalized_shape),
+                                    from(std::optional<Tensor>()), from(std::optional<double>(epsilon))};
+  call("aten::_fused_rms_norm", "", stack);
+  (void)to<Tensor>(stack[1]);  // rstd: not needed, free it
+  return to<Tensor>(stack[0]);
+}
+
+}  // namespace vllm_volta::aten

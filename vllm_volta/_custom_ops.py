@@ -1,0 +1,45 @@
+"""Thin Python wrappers over the ops of the ``vllm_volta._C`` extension (``torch.ops._C.*``).
+
+Importing this module loads the extension, which registers the ops with the dispatcher.
+Schemas follow vLLM: output tensors first, mutated in place, nothing returned. The kernel
+behind each op is chosen by the dispatcher: native CUDA kernels, the V100 adapter (CUDA
+builds whose target archs are all below SM80) or the adapter functions on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import vllm_volta._C  # noqa: F401  (registers torch.ops._C.*)
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise ImportError(
+        "vllm_volta._C is not built; run `pip install --no-build-isolation -e .` in the repo root"
+    ) from exc
+
+
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
+    """out <- input * rsqrt(mean(input^2, -1) + epsilon), rounded to the dtype, times weight."""
+    torch.ops._C.rms_norm(out, input, weight, epsilon)
+
+
+def fused_add_rms_norm(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float
+) -> None:
+    """In place: residual <- input + residual; input <- rms_norm(residual) * weight."""
+    torch.ops._C.fused_add_rms_norm(input, residual, weight, epsilon)
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out <- silu(input[..., :d]) * input[..., d:] with d = input.shape[-1] // 2."""
+    torch.ops._C.silu_and_mul(out, input)
+
+
+def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out <- gelu(input[..., :d]) * input[..., d:] (exact, erf-based GELU)."""
+    torch.ops._C.gelu_and_mul(out, input)
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """out <- gelu_tanh(input[..., :d]) * input[..., d:] (tanh approximation)."""
+    torch.ops._C.gelu_tanh_and_mul(out, input)
