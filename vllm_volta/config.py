@@ -1,0 +1,276 @@
+"""Engine configuration: what model, how much KV cache, how to schedule.
+
+The dataclasses validate their own fields (ValueError naming the field and the
+allowed range) and resolve everything that depends on the model or the hardware
+(dtype, max_model_len, device) once, so the rest of the engine reads plain values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm_volta.logger import init_logger
+
+logger = init_logger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+# HF config keys that bound the context length, in vLLM's order of preference.
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# Rope types whose factor does NOT extend max_position_embeddings (already baked in).
+_ROPE_TYPES_NO_EXTEND = ("default", "llama3", "longrope", "su", "mrope")
+
+
+def _require(cond: bool, field_name: str, allowed: str, value: Any) -> None:
+    if not cond:
+        raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
+
+
+def _config_dtype(hf_config: Any) -> torch.dtype:
+    """The checkpoint's dtype as stored in the HF config (float32 when absent)."""
+    raw = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(raw, torch.dtype):
+        return raw
+    if isinstance(raw, str) and isinstance(getattr(torch, raw, None), torch.dtype):
+        return getattr(torch, raw)
+    return torch.float32
+
+
+def derive_max_model_len(hf_config: Any) -> int:
+    """The longest context the checkpoint supports (vLLM's rule, simplified)."""
+    text_config = getattr(hf_config, "text_config", None) or hf_config
+    lens = [getattr(text_config, k) for k in _MAX_LEN_KEYS
+            if isinstance(getattr(text_config, k, None), int)]
+    if not lens:
+        logger.warning("The model config names no maximum length; assuming 2048.")
+        return 2048
+    max_len = min(lens)
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
+    if isinstance(rope, dict):
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        factor = rope.get("factor")
+        if rope_type not in _ROPE_TYPES_NO_EXTEND and factor:
+            if rope_type == "yarn":
+                max_len = rope.get("original_max_position_embeddings", max_len)
+            max_len = int(max_len * factor)
+    return max_len
+
+
+@dataclass
+class ModelConfig:
+    """The model to serve. `model=None` means the default model (DESIGN section 5).
+
+    After construction: `dtype` is a torch.dtype chosen by the platform, `hf_config`
+    is the transformers config, `model_path` the resolved local file or folder, and
+    `max_model_len` is set and within what the model supports.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    served_model_name: str | None = None
+    trust_remote_code: bool = False
+    enforce_eager: bool = False
+    max_logprobs: int = 20
+    skip_tokenizer_init: bool = False
+    # Given directly (tests) or resolved from `model` in __post_init__.
+    hf_config: Any = None
+    model_path: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.load_format in LOAD_FORMATS, "load_format", f"one of {LOAD_FORMATS}",
+                 self.load_format)
+        _require(isinstance(self.max_logprobs, int) and self.max_logprobs >= 0, "max_logprobs",
+                 ">= 0", self.max_logprobs)
+        if self.model is None:
+            from vllm_volta.transformers_utils.default_model import (
+                DEFAULT_MODEL_NAME, get_default_model_path)
+            self.model = str(get_default_model_path())
+            self.served_model_name = self.served_model_name or DEFAULT_MODEL_NAME
+        self.model = str(self.model)
+        if self.hf_config is None:
+            self._resolve_source()
+        if self.model_path is None:
+            self.model_path = self.model
+        if self.served_model_name is None:
+            self.served_model_name = self.model
+        self.dtype = self._resolve_dtype(self.dtype)
+        self.max_model_len = self._verify_max_model_len(self.max_model_len)
+
+    def _resolve_source(self) -> None:
+        from vllm_volta.transformers_utils.config import resolve_model_source
+        source = resolve_model_source(self.model, revision=self.revision)
+        self.hf_config = source.hf_config
+        self.model_path = str(source.path)
+
+    def _resolve_dtype(self, requested: str | torch.dtype) -> torch.dtype:
+        from vllm_volta.platforms import current_platform
+        return current_platform.resolve_dtype(requested, _config_dtype(self.hf_config))
+
+    def _verify_max_model_len(self, requested: int | None) -> int:
+        supported = derive_max_model_len(self.hf_config)
+        if requested is None:
+            return supported
+        _require(isinstance(requested, int) and requested >= 1, "max_model_len",
+                 f"an integer in [1, {supported}]", requested)
+        if requested > supported:
+            raise ValueError(
+                f"max_model_len={requested} is larger than the model supports "
+                f"({supported}, from its config); allowed range is [1, {supported}]")
+        return requested
+
+    @property
+    def text_config(self) -> Any:
+        return getattr(self.hf_config, "text_config", None) or self.hf_config
+
+    def get_num_layers(self) -> int:
+        return self.text_config.num_hidden_layers
+
+    def get_num_attention_heads(self) -> int:
+        return self.text_config.num_attention_heads
+
+    def get_num_kv_heads(self) -> int:
+        kv = getattr(self.text_config, "num_key_value_heads", None)
+        return kv or self.get_num_attention_heads()
+
+    def get_head_size(self) -> int:
+        head_dim = getattr(self.text_config, "head_dim", None)
+        if head_dim:
+            return head_dim
+        return self.text_config.hidden_size // self.get_num_attention_heads()
+
+    def get_vocab_size(self) -> int:
+        return self.text_config.vocab_size
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [])
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self.tokenizer or self.model_path or self.model
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache. `num_gpu_blocks` is filled in by the engine after sizing."""
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kvcache_space: float | None = None  # GiB; None -> VLLM_VOLTA_CPU_KVCACHE_SPACE
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None
+    num_gpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 256, "block_size",
+                 "an integer in [1, 256]", self.block_size)
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                 "in (0, 1]", self.gpu_memory_utilization)
+        if self.cpu_kvcache_space is not None:
+            _require(self.cpu_kvcache_space > 0, "cpu_kvcache_space", "> 0 (GiB)",
+                     self.cpu_kvcache_space)
+        if self.num_gpu_blocks_override is not None:
+            _require(isinstance(self.num_gpu_blocks_override, int)
+                     and self.num_gpu_blocks_override >= 2,
+                     "num_gpu_blocks_override", "an integer >= 2", self.num_gpu_blocks_override)
+
+    def cpu_kvcache_bytes(self) -> int:
+        space = self.cpu_kvcache_space
+        if space is None:
+            from vllm_volta import envs
+            space = envs.VLLM_VOLTA_CPU_KVCACHE_SPACE
+        return int(float(space) * (1 << 30))
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching limits. Defaults depend on the device (see EngineArgs)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    # Decode batch sizes captured as CUDA graphs; None -> the default list.
+    cuda_graph_sizes: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs",
+                 ">= 1", self.max_num_seqs)
+        _require(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+                 "max_num_batched_tokens", ">= 1", self.max_num_batched_tokens)
+        if not self.enable_chunked_prefill:
+            # Without chunking a whole prompt must fit one step.
+            _require(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+                     f">= max_model_len ({self.max_model_len}) when chunked prefill is disabled",
+                     self.max_num_batched_tokens)
+        if self.cuda_graph_sizes is not None:
+            _require(all(isinstance(s, int) and s >= 1 for s in self.cuda_graph_sizes),
+                     "cuda_graph_sizes", "a list of integers >= 1", self.cuda_graph_sizes)
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor/pipeline parallelism. Only a single device exists today."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, name, ">= 1", value)
+            if value > 1:
+                raise ValueError(
+                    f"{name}={value} is not supported yet: vllm-volta runs on a single device "
+                    f"for now; allowed value is 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass
+class DeviceConfig:
+    """Which torch device the model runs on ("auto" asks the platform)."""
+
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.device in ("auto", "cuda", "cpu"), "device", "one of auto, cuda, cpu",
+                 self.device)
+        if self.device == "auto":
+            from vllm_volta.platforms import current_platform
+            self.device = current_platform.device_type
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but no CUDA GPU is available")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+
+@dataclass
+class VllmConfig:
+    """Everything the engine needs, in one object."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)

@@ -1,0 +1,215 @@
+"""Continuous batching: which requests run this step, and how many tokens each.
+
+Every step has a token budget (`max_num_batched_tokens`). Running requests go first
+(decodes need 1 token, unfinished prefills take what the budget allows), then waiting
+requests are admitted in arrival order while the budget, `max_num_seqs` and free KV
+blocks allow. When blocks run out, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the waiting queue to be
+recomputed later (prefix caching usually makes that cheap). Nothing is dropped; a request
+that could not fit even in an empty cache is finished with an error instead.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vllm_volta.config import SchedulerConfig
+from vllm_volta.core.kv_cache_manager import KVCacheManager
+from vllm_volta.core.request import Request, RequestStatus
+from vllm_volta.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: run `num_new_tokens` tokens from `num_computed_tokens`."""
+
+    request: Request
+    num_new_tokens: int
+    num_computed_tokens: int
+    block_ids: list[int]
+    # This step reaches the end of the known tokens, so a token is sampled.
+    samples: bool
+
+    @property
+    def req_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    total_num_scheduled_tokens: int = 0
+    preempted_req_ids: set[str] = field(default_factory=set)
+    # Requests that left the engine since the last step (the worker drops their state).
+    finished_req_ids: set[str] = field(default_factory=set)
+    # Requests finished with an error by the scheduler this step (e.g. cannot ever fit).
+    errored: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Token-level stop rules after a token was appended. Sets status; True if finished.
+
+    eos (unless ignore_eos) and stop_token_ids count only once min_tokens are out;
+    stop_reason is the stop token id, None for eos.
+    """
+    params = request.sampling_params
+    last = request.output_token_ids[-1]
+    if request.num_output_tokens >= params.min_tokens and params.is_stop_token(last):
+        request.status = RequestStatus.FINISHED_STOPPED
+        if last in params.stop_token_ids:
+            request.stop_reason = last
+        return True
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
+
+
+class Scheduler:
+    """Decides each step's batch; owns the request queues and the KV cache manager."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
+                 enable_prefix_caching: bool) -> None:
+        self.config = config
+        self.max_model_len = config.max_model_len
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished_since_last_step: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """Finish (stop/abort/error) requests, freeing their KV blocks. Unknown ids are ignored."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        for rid in request_ids:
+            request = self.requests.pop(rid, None)
+            if request is None:
+                continue
+            if request in self.running:
+                self.running.remove(request)
+            elif request in self.waiting:
+                self.waiting.remove(request)
+            if not request.is_finished:
+                request.status = status
+            self.kv_cache_manager.free(request)
+            self._finished_since_last_step.add(rid)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- scheduling ---------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self._finished_since_last_step)
+        self._finished_since_last_step = set()
+        budget = self.config.max_num_batched_tokens
+        kv = self.kv_cache_manager
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while kv.allocate_slots(request, num_new) is None:
+                victim = self.running.pop()  # lowest priority = admitted last
+                self._preempt(victim)
+                out.preempted_req_ids.add(victim.request_id)
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                break
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if not kv.can_ever_fit(request.num_tokens):
+                self._finish_unfittable(out, request)
+                continue
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if kv.allocate_slots(request, num_new, hits) is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            self.running.append(request)
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+        return out
+
+    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.scheduled.append(ScheduledRequest(
+            request=request,
+            num_new_tokens=num_new,
+            num_computed_tokens=request.num_computed_tokens,
+            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+            samples=request.num_computed_tokens + num_new == request.num_tokens,
+        ))
+        out.total_num_scheduled_tokens += num_new
+
+    def _preempt(self, request: Request) -> None:
+        # Recompute-style preemption: drop the KV, keep the tokens, requeue at the front.
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _finish_unfittable(self, out: SchedulerOutput, request: Request) -> None:
+        kv = self.kv_cache_manager
+        request.error = (
+            f"the request needs {kv.num_blocks_for(request.num_tokens)} KV-cache blocks "
+            f"({request.num_tokens} tokens) but the whole cache has {kv.num_usable_blocks}; "
+            f"raise gpu_memory_utilization / cpu_kvcache_space or lower max_model_len")
+        logger.warning("Request %s cannot fit the KV cache: %s", request.request_id, request.error)
+        request.status = RequestStatus.FINISHED_ERROR
+        self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+        out.errored.append(request)
+
+    # ---- results ------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled_token_ids: dict[str, list[int]]) -> list[Request]:
+        """Advance scheduled requests; append sampled tokens; finish on token-level stops.
+
+        Returns the requests that received new tokens this step (finished ones included,
+        already removed from the queues with their blocks freed).
+        """
+        advanced: list[Request] = []
+        for sched in out.scheduled:
+            request = sched.request
+            if request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += sched.num_new_tokens
+            new_ids = sampled_token_ids.get(request.request_id)
+            if not new_ids:
+                continue
+            request.append_output_token_ids(new_ids)
+            advanced.append(request)
+            if check_stop(request, self.max_model_len):
+                self.finish_requests(request.request_id, request.status)
+        return advanced
