@@ -1,0 +1,63 @@
+"""Attention layer: stores the new keys/values in the paged KV cache, then runs the backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm_volta.attention.metadata import AttentionMetadata
+
+
+def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """Write ``key``/``value`` ([T, KH*D] or [T, KH, D]) into ``kv_cache`` at ``slot_mapping``.
+
+    ``kv_cache`` is ``[2, num_blocks, block_size, KH, D]``; slot ``s`` is block ``s // block_size``,
+    offset ``s % block_size``. Slots of -1 (padding tokens) are skipped.
+    """
+    num_kv_heads, head_size = kv_cache.shape[-2], kv_cache.shape[-1]
+    # view (not reshape): the write must land in the cache's own storage.
+    key_cache = kv_cache[0].view(-1, num_kv_heads, head_size)
+    value_cache = kv_cache[1].view(-1, num_kv_heads, head_size)
+    num_tokens = slot_mapping.shape[0]
+    key = key[:num_tokens].reshape(num_tokens, num_kv_heads, head_size)
+    value = value[:num_tokens].reshape(num_tokens, num_kv_heads, head_size)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    key_cache[slots] = key[valid].to(kv_cache.dtype)
+    value_cache[slots] = value[valid].to(kv_cache.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over the paged KV cache.
+
+    ``forward(q [T, H*D], k [T, KH*D], v [T, KH*D], kv_cache, attn_metadata) -> [T, H*D]``.
+    The backend class (chosen by the platform) provides the attention math; this layer owns the
+    cache write so every backend sees the same cache contents.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
+                 backend_cls: type | None = None) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        if backend_cls is None:
+            from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
+            backend_cls = TorchSDPABackend
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.backend_cls = backend_cls
+        self.impl = backend_cls.get_impl_cls()(num_heads, head_size, scale, num_kv_heads)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        write_to_kv_cache(key, value, kv_cache, attn_metadata.slot_mapping)
+        return self.impl.forward(query, key, value, kv_cache, attn_metadata)
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
+                f"backend={getattr(self.backend_cls, 'name', self.backend_cls.__name__)}")

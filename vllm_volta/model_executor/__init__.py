@@ -1,0 +1,1 @@
+"""Model execution: layers, model classes (models/) and weight loading (model_loader/)."""

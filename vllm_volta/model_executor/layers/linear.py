@@ -1,0 +1,194 @@
+"""Linear layers with vLLM's names and weight-loader pattern.
+
+Each parameter carries a ``weight_loader(param, loaded_weight[, shard_id])`` that cuts this rank's
+shard out of the full checkpoint tensor, so models load HF names the same way at any tensor
+parallel size. ``forward`` returns the output tensor (vLLM also returns an unused bias slot).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_volta.model_executor.layers.parallel_state import (
+    divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+
+
+def copy_weight(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` (casting dtype/device) after checking the shapes agree."""
+    if dst.shape != src.shape:
+        raise ValueError(f"checkpoint tensor has shape {tuple(src.shape)}, "
+                         f"expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Load a replicated (unsharded) parameter."""
+    copy_weight(param.data, loaded_weight)
+
+
+def _new_param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
+    # Uninitialised: every parameter is filled by a loader (checkpoint or dummy).
+    return nn.Parameter(torch.empty(*shape, dtype=dtype or torch.get_default_dtype()),
+                        requires_grad=False)
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with W of shape [output_size, input_size] (this rank's part)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool,
+                 params_dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.weight = _new_param(output_size, input_size, dtype=params_dtype)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = _new_param(output_size, dtype=params_dtype)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
+                f"tp_size={self.tp_size}")
+
+
+class ReplicatedLinear(LinearBase):
+    """A linear layer every rank holds in full."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 params_dtype: torch.dtype | None = None) -> None:
+        super().__init__(input_size, output_size, bias, params_dtype)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks (rank r holds rows [r*n, (r+1)*n) of W)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 gather_output: bool = False, params_dtype: torch.dtype | None = None) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        super().__init__(input_size, divide(output_size, tp_size, "output_size"), bias,
+                         params_dtype)
+        self.total_output_size = output_size
+        self.gather_output = gather_output
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        size = param.shape[0]
+        copy_weight(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return tensor_model_parallel_all_gather(out) if self.gather_output else out
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input fused into one matmul
+    (e.g. gate_proj and up_proj -> gate_up_proj); checkpoint shard ``i`` is ``output_sizes[i]``."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 gather_output: bool = False, params_dtype: torch.dtype | None = None) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(self.output_sizes), bias, gather_output, params_dtype)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: int | None = None) -> None:
+        if loaded_shard_id is None:  # an already-fused checkpoint tensor: split it first
+            offset = 0
+            for shard_id, size in enumerate(self.output_sizes):
+                self.weight_loader(param, loaded_weight.narrow(0, offset, size), shard_id)
+                offset += size
+            return
+        if not 0 <= loaded_shard_id < len(self.output_sizes):
+            raise ValueError(f"loaded_shard_id must be in [0, {len(self.output_sizes) - 1}], "
+                             f"got {loaded_shard_id}")
+        size = self.output_sizes[loaded_shard_id] // self.tp_size
+        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        copy_weight(param.data.narrow(0, offset, size),
+                    loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections fused into one matmul; heads split across ranks.
+
+    When there are fewer kv heads than ranks, each kv head is replicated on
+    ``tp_size // total_num_kv_heads`` ranks.
+    """
+
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: int | None = None, bias: bool = False,
+                 params_dtype: torch.dtype | None = None) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp_size, "num_attention_heads")
+        if tp_size >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.num_kv_head_replicas = divide(tp_size, total_num_kv_heads, "tp size / kv heads")
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp_size, "num_key_value_heads")
+            self.num_kv_head_replicas = 1
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        total_out = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
+        super().__init__(hidden_size, total_out, bias, False, params_dtype)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: str | None = None) -> None:
+        if loaded_shard_id is None:  # fused qkv checkpoint tensor
+            sizes = {"q": self.total_num_heads * self.head_size,
+                     "k": self.total_num_kv_heads * self.head_size,
+                     "v": self.total_num_kv_heads * self.head_size}
+            offset = 0
+            for shard_id, size in sizes.items():
+                self.weight_loader(param, loaded_weight.narrow(0, offset, size), shard_id)
+                offset += size
+            return
+        if loaded_shard_id == "q":
+            offset, size, shard_rank = 0, self.q_size, self.tp_rank
+        elif loaded_shard_id in ("k", "v"):
+            offset = self.q_size + (self.kv_size if loaded_shard_id == "v" else 0)
+            size, shard_rank = self.kv_size, self.tp_rank // self.num_kv_head_replicas
+        else:
+            raise ValueError(f"loaded_shard_id must be 'q', 'k' or 'v', got {loaded_shard_id!r}")
+        copy_weight(param.data.narrow(0, offset, size),
+                    loaded_weight.narrow(0, shard_rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs are summed (all-reduce), then the bias
+    (held in full by every rank) is added once."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 reduce_results: bool = True, params_dtype: torch.dtype | None = None) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        super().__init__(divide(input_size, tp_size, "input_size"), output_size, bias,
+                         params_dtype)
+        self.total_input_size = input_size
+        self.reduce_results = reduce_results
+        if bias:
+            self.bias.weight_loader = default_weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        size = param.shape[1]
+        copy_weight(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        out = F.linear(x, self.weight)
+        if self.reduce_results:
+            out = tensor_model_parallel_all_reduce(out)
+        return out + self.bias if self.bias is not None else out

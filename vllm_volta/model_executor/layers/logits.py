@@ -1,0 +1,28 @@
+"""Hidden states -> float32 vocabulary logits."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_volta.model_executor.layers.parallel_state import tensor_model_parallel_all_gather
+from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+
+class LogitsProcessor(nn.Module):
+    """``logits = (hidden @ lm_head.weight^T [+ bias]) * scale``, gathered over ranks, cut to
+    ``vocab_size`` (dropping padding rows) and returned in float32 for the sampler."""
+
+    def __init__(self, vocab_size: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.scale = scale
+
+    def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
+        logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
+        logits = logits.float()
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        return logits

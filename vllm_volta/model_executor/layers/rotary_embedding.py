@@ -1,0 +1,160 @@
+"""Rotary position embeddings (RoPE): default, linear scaling and Llama 3 scaling.
+
+The cos/sin table for every position is computed once in float32 and cast to the activation
+dtype at use, matching transformers' numerics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Plain RoPE. ``forward(positions [T], query [T, H*D], key [T, KH*D]) -> (query, key)``."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
+                 is_neox_style: bool = True) -> None:
+        super().__init__()
+        if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_size:
+            raise ValueError(f"rotary_dim must be even and in [2, {head_size}], got {rotary_dim}")
+        if max_position < 1:
+            raise ValueError(f"max_position must be >= 1, got {max_position}")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position = max_position
+        self.base = float(base)
+        self.is_neox_style = is_neox_style
+        self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache(), persistent=False)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float() / self.rotary_dim
+        return 1.0 / (self.base ** exponents)
+
+    def _cache_len(self) -> int:
+        return self.max_position
+
+    def _compute_cos_sin_cache(self) -> torch.Tensor:
+        """[positions, rotary_dim] float32: cos of each frequency, then sin."""
+        inv_freq = self._compute_inv_freq()
+        t = torch.arange(self._cache_len(), dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        x = x.reshape(num_tokens, -1, self.head_size)
+        rot, passthrough = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        if self.is_neox_style:  # halves pair up: (i, i + d/2)
+            x1, x2 = rot.chunk(2, dim=-1)
+        else:  # GPT-J style: neighbours pair up: (2i, 2i + 1)
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        if self.is_neox_style:
+            rotated = torch.cat((o1, o2), dim=-1)
+        else:
+            rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
+        return torch.cat((rotated, passthrough), dim=-1).reshape(num_tokens, -1)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor,
+                key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cos_sin = self.cos_sin_cache.index_select(0, positions.flatten().long())
+        cos, sin = cos_sin.to(query.dtype).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rotary_dim/2]
+        query = self._rotate(query, cos, sin)
+        if key is not None:
+            key = self._rotate(key, cos, sin)
+        return query, key
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position={self.max_position}, base={self.base}, neox={self.is_neox_style}")
+
+
+class LinearScalingRotaryEmbedding(RotaryEmbedding):
+    """Position interpolation: frequencies divided by ``factor``; the table covers
+    ``max_position * factor`` positions."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
+                 is_neox_style: bool, factor: float) -> None:
+        if not factor > 0:
+            raise ValueError(f"rope_scaling.factor must be > 0, got {factor}")
+        self.factor = float(factor)
+        super().__init__(head_size, rotary_dim, max_position, base, is_neox_style)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        return super()._compute_inv_freq() / self.factor
+
+    def _cache_len(self) -> int:
+        return int(math.ceil(self.max_position * max(self.factor, 1.0)))
+
+
+class Llama3RotaryEmbedding(RotaryEmbedding):
+    """Llama 3.1 frequency scaling: long wavelengths divided by ``factor``, short ones kept, a
+    smooth blend between ``original_max_position / low_freq_factor`` and ``/ high_freq_factor``."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
+                 is_neox_style: bool, factor: float, low_freq_factor: float,
+                 high_freq_factor: float, original_max_position: int) -> None:
+        if not factor > 0 or not high_freq_factor > low_freq_factor:
+            raise ValueError(
+                "llama3 rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor, got "
+                f"factor={factor}, low_freq_factor={low_freq_factor}, "
+                f"high_freq_factor={high_freq_factor}")
+        self.factor = float(factor)
+        self.low_freq_factor = float(low_freq_factor)
+        self.high_freq_factor = float(high_freq_factor)
+        self.original_max_position = int(original_max_position)
+        super().__init__(head_size, rotary_dim, max_position, base, is_neox_style)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        inv_freq = super()._compute_inv_freq()
+        low_freq_wavelen = self.original_max_position / self.low_freq_factor
+        high_freq_wavelen = self.original_max_position / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = ((self.original_max_position / wavelen - self.low_freq_factor)
+                  / (self.high_freq_factor - self.low_freq_factor))
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+
+
+def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
+             is_neox_style: bool = True,
+             rope_scaling: dict[str, Any] | None = None) -> RotaryEmbedding:
+    """The rotary embedding for an HF ``rope_scaling`` / ``rope_parameters`` dict (or None)."""
+    scaling = dict(rope_scaling or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+    if rope_type == "default":
+        return RotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style)
+    if rope_type == "linear":
+        return LinearScalingRotaryEmbedding(head_size, rotary_dim, max_position, base,
+                                            is_neox_style, scaling["factor"])
+    if rope_type == "llama3":
+        return Llama3RotaryEmbedding(
+            head_size, rotary_dim, max_position, base, is_neox_style, scaling["factor"],
+            scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0),
+            scaling.get("original_max_position_embeddings", 8192))
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported; "
+                     f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+
+
+def rope_params_from_config(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict or None) from an HF config, transformers 4.x or 5.x style."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        theta = float(params["rope_theta"])
+    else:
+        theta = float(getattr(hf_config, "rope_theta", None) or 10000.0)
+        params = getattr(hf_config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return theta, None
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    return theta, (None if rope_type in (None, "default") else scaling)

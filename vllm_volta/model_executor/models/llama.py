@@ -1,0 +1,177 @@
+"""Llama family (Llama 2/3/3.x, SmolLM2, Mistral) on the paged-attention layer vocabulary.
+
+The decoder here is also the base of Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm): a
+subclass only says which of those options its config means (``attention_options``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_volta.attention.layer import Attention
+from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.logger import init_logger, warning_once
+from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
+from vllm_volta.model_executor.layers.layernorm import RMSNorm
+from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                                     RowParallelLinear)
+from vllm_volta.model_executor.layers.logits import LogitsProcessor
+from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
+from vllm_volta.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
+                                                                       VocabParallelEmbedding)
+from vllm_volta.model_executor.models.utils import config_head_dim, default_dtype, load_hf_weights
+
+logger = init_logger(__name__)
+
+
+class LlamaMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)) with gate/up fused."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
+                 bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
+        self.act_fn = get_act_and_mul_fn(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection, optional per-head q/k norm, RoPE, paged attention, o_proj."""
+
+    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module, *,
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.head_dim = config_head_dim(config)
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, total_heads,
+                                          total_kv_heads, bias=qkv_bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, o_bias)
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.rotary_emb = rotary_emb  # one table shared by all layers
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = qk_norm
+        self.attn = Attention(self.qkv_proj.num_heads, self.head_dim, self.head_dim ** -0.5,
+                              self.qkv_proj.num_kv_heads, attn_backend)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, kv_cache, attn_metadata)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block; the residual stream is carried separately so the norms can fuse the add."""
+
+    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module,
+                 attention_options: dict[str, bool]) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, attn_backend, rotary_emb, **attention_options)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size,
+                            getattr(config, "hidden_act", "silu"),
+                            bias=bool(getattr(config, "mlp_bias", False)))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None, kv_cache: torch.Tensor,
+                attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm."""
+
+    def __init__(self, config: Any, attn_backend: type | None,
+                 attention_options: dict[str, bool]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        head_dim = config_head_dim(config)
+        theta, scaling = rope_params_from_config(config)
+        rotary_emb = get_rope(head_dim, head_dim, config.max_position_embeddings, theta,
+                              is_neox_style=True, rope_scaling=scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, attn_backend, rotary_emb, attention_options)
+            for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches must hold one cache per layer ({len(self.layers)}), "
+                             f"got {len(kv_caches)}")
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,
+                                            attn_metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> float32 logits."""
+
+    @classmethod
+    def attention_options(cls, config: Any) -> dict[str, bool]:
+        """Which projection biases / norms this architecture's config implies."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
+                 ) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        with default_dtype(dtype):
+            self.model = LlamaModel(hf_config, attn_backend, self.attention_options(hf_config))
+            self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+        if self.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(hf_config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors; returns the names of the parameters that were filled."""
+        return load_hf_weights(self, weights, tie_word_embeddings=self.tie_word_embeddings)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: the Llama architecture. Sliding-window attention is not applied."""
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
+                 ) -> None:
+        window = getattr(hf_config, "sliding_window", None)
+        if window and window < hf_config.max_position_embeddings:
+            warning_once(logger, "sliding_window=%d is not applied: contexts longer than it "
+                         "attend over all positions", window)
+        super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend)

@@ -1,0 +1,33 @@
+"""Model registry: HF architecture name -> model class (imported on first use)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+# architecture -> (module under vllm_volta.model_executor.models, class name)
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def get_supported_archs() -> list[str]:
+    """Architecture names (as in config.json "architectures") that can be served."""
+    return sorted(_MODELS)
+
+
+def get_model_cls(architectures: Sequence[str] | str | None) -> type:
+    """The class for the first supported name in ``architectures``; ValueError when none is."""
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    archs = list(architectures or [])
+    for arch in archs:
+        if arch in _MODELS:
+            module_name, cls_name = _MODELS[arch]
+            module = importlib.import_module(f"vllm_volta.model_executor.models.{module_name}")
+            return getattr(module, cls_name)
+    raise ValueError(f"Model architectures {archs} are not supported; supported architectures: "
+                     f"{', '.join(get_supported_archs())}")

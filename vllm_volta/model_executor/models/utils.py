@@ -1,0 +1,96 @@
+"""Helpers shared by the model classes: dtype scoping and HF-name weight loading."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_volta.model_executor.layers.linear import default_weight_loader
+
+# (fused parameter, HF checkpoint module, shard id): q/k/v -> qkv_proj, gate/up -> gate_up_proj.
+STACKED_PARAMS_MAPPING: list[tuple[str, str, Any]] = [
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+]
+# Buffers some checkpoints store that we recompute.
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Create parameters in ``dtype`` inside the block."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                    tie_word_embeddings: bool = False,
+                    stacked_params_mapping: list[tuple[str, str, Any]] = STACKED_PARAMS_MAPPING
+                    ) -> set[str]:
+    """Load HF-named tensors into ``model``; returns the names of fully loaded parameters.
+
+    A fused parameter counts as loaded only once every shard of it was seen. A checkpoint name
+    that matches no parameter raises ValueError.
+    """
+    params = dict(model.named_parameters())
+    expected_shards: dict[str, set[Any]] = {}
+    for fused, _, shard_id in stacked_params_mapping:
+        expected_shards.setdefault(fused, set()).add(shard_id)
+    seen_shards: dict[str, set[Any]] = {}
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_SKIPPED_SUFFIXES):
+            continue
+        if tie_word_embeddings and name.startswith("lm_head."):
+            continue  # the head shares embed_tokens' weight
+        for fused, shard_name, shard_id in stacked_params_mapping:
+            if shard_name not in name:
+                continue
+            target = name.replace(shard_name, fused)
+            param = _lookup(params, target, name, model)
+            _call_loader(name, param.weight_loader, param, tensor, shard_id)
+            seen_shards.setdefault(target, set()).add(shard_id)
+            if seen_shards[target] == expected_shards[fused]:
+                loaded.add(target)
+            break
+        else:
+            param = _lookup(params, name, name, model)
+            _call_loader(name, getattr(param, "weight_loader", default_weight_loader),
+                         param, tensor)
+            loaded.add(name)
+    return loaded
+
+
+def _call_loader(name: str, loader: Any, *args: Any) -> None:
+    try:
+        loader(*args)
+    except ValueError as e:  # name the checkpoint tensor in shape errors
+        raise ValueError(f"checkpoint weight {name!r}: {e}") from e
+
+
+def _lookup(params: dict[str, nn.Parameter], target: str, name: str,
+            model: nn.Module) -> nn.Parameter:
+    param = params.get(target)
+    if param is None:
+        raise ValueError(f"checkpoint weight {name!r} does not belong to "
+                         f"{type(model).__name__} (no parameter {target!r})")
+    return param
+
+
+def config_head_dim(hf_config: Any) -> int:
+    """Per-head size: ``head_dim`` when the config gives it, else hidden_size / num_heads."""
+    head_dim = getattr(hf_config, "head_dim", None)
+    return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
