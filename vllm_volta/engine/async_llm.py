@@ -1,0 +1,286 @@
+"""AsyncLLM: the asyncio front of the step-driven LLMEngine, used by the server.
+
+One background thread owns the engine and drives ``step()``; every request the
+event loop submits lands in the same engine, so all concurrent requests are
+batched together by the scheduler. Requests beyond ``max_num_seqs`` simply wait
+in the scheduler's queue. The event loop talks to the thread through a command
+queue (add / abort / shutdown) and receives outputs through per-request
+``asyncio.Queue``s, so the engine itself is only ever touched by one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from vllm_volta.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+class StatLogger(Protocol):
+    """Receives per-request timing events from the engine thread."""
+
+    def on_first_token(self, ttft_s: float) -> None: ...
+
+    def on_tokens(self, inter_token_s: float, num_tokens: int) -> None: ...
+
+    def on_finished(self, e2e_s: float, finish_reason: str | None) -> None: ...
+
+
+class EngineLoopError(RuntimeError):
+    """The engine failed while a request was in flight (the loop keeps running)."""
+
+
+class RequestError(ValueError):
+    """The engine failed this request alone (``RequestOutput.error``), e.g. bad input."""
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative RequestOutputs.
+
+    ``close()`` before the final output aborts the request in the engine.
+    """
+
+    def __init__(self, llm: AsyncLLM, request_id: str) -> None:
+        self.request_id = request_id
+        self._llm = llm
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._done = False
+        # Timing, written by the engine thread only.
+        self.arrival = time.monotonic()
+        self.num_tokens = 0
+        self.last_token_time = 0.0
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        self._done = item.finished
+        if getattr(item, "error", None):
+            raise RequestError(item.error)
+        return item
+
+    def close(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+        if not self._done:
+            self._done = True
+            self._llm.abort(self.request_id)
+
+    def _put(self, item: Any) -> None:
+        # Called from the engine thread.
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+
+_STOP = object()
+
+
+class AsyncLLM:
+    """Asynchronous wrapper that batches all concurrent requests into one LLMEngine."""
+
+    def __init__(self, engine: Any, stat_loggers: list[StatLogger] | None = None) -> None:
+        self.engine = engine
+        self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._stats: Any = self._read_stats()
+        self._shutdown = False
+        self._thread = threading.Thread(target=self._run, name="vllm-volta-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
+        """Build the engine from ``EngineArgs`` and start the background loop."""
+        from vllm_volta.engine.llm_engine import LLMEngine
+
+        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    def get_stats(self) -> Any:
+        """Latest engine stats snapshot (refreshed by the loop after every step/abort)."""
+        return self._stats
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._shutdown
+
+    async def add_request(self, request_id: str, prompt: str | list[int],
+                          sampling_params: Any) -> RequestStream:
+        """Submit a request; returns its output stream once the engine accepted it.
+
+        Invalid input raises ``ValueError`` (from the engine) here. The caller must
+        iterate the stream to the end or ``close()`` it (which aborts the request).
+        """
+        if self._shutdown:
+            raise RuntimeError("AsyncLLM is shut down")
+        stream = RequestStream(self, request_id)
+        added: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("add", request_id, prompt, sampling_params, stream, added))
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:
+            stream.close()  # the add may have gone through after all
+            raise
+        return stream
+
+    async def generate(self, prompt: str | list[int], sampling_params: Any,
+                       request_id: str) -> AsyncIterator[Any]:
+        """Yield the request's cumulative ``RequestOutput``s until it finishes.
+
+        Closing or cancelling the iterator early aborts the request, which frees
+        its KV blocks.
+        """
+        stream = await self.add_request(request_id, prompt, sampling_params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (thread-safe, non-blocking); its KV blocks are freed."""
+        self._commands.put(("abort", request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop thread; pending requests fail with an error."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._commands.put((_STOP,))
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------- engine thread
+    def _read_stats(self) -> Any:
+        get_stats = getattr(self.engine, "get_stats", None)
+        if get_stats is None:
+            return None
+        try:
+            return get_stats()
+        except Exception:  # stats are best effort; never kill the loop for them
+            logger.exception("get_stats() failed")
+            return None
+
+    def _handle_command(self, cmd: tuple) -> bool:
+        """Apply one command; returns False when the loop must stop."""
+        kind = cmd[0]
+        if kind is _STOP:
+            return False
+        if kind == "add":
+            _, request_id, prompt, params, stream, added = cmd
+            if not added.set_running_or_notify_cancel():  # caller gave up already
+                return True
+            try:
+                if request_id in self._requests:
+                    raise ValueError(f"request_id {request_id!r} is already in use")
+                self.engine.add_request(request_id, prompt, params)
+            except Exception as exc:  # bad input fails this request only
+                added.set_exception(exc)
+            else:
+                self._requests[request_id] = stream
+                added.set_result(None)
+        elif kind == "abort":
+            request_id = cmd[1]
+            if self._requests.pop(request_id, None) is not None:
+                try:
+                    self.engine.abort_request([request_id])
+                except Exception:
+                    logger.exception("abort of %s failed", request_id)
+        return True
+
+    def _drain_commands(self) -> bool:
+        # Idle: block until something arrives. Busy: take what is queued and step.
+        block = not self._requests
+        while True:
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            if not self._handle_command(cmd):
+                return False
+            block = False
+
+    def _run(self) -> None:
+        try:
+            while self._drain_commands():
+                if self._requests:
+                    self._step()
+                self._stats = self._read_stats()
+        finally:
+            self._fail_all(RuntimeError("AsyncLLM is shut down"))
+            self._fail_queued_adds()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            # The engine cannot tell which request broke the step: fail the ones in
+            # flight, clear them out of the engine, and keep serving new requests.
+            logger.exception("engine step failed; failing %d in-flight requests",
+                             len(self._requests))
+            ids = list(self._requests)
+            try:
+                self.engine.abort_request(ids)
+            except Exception:
+                logger.exception("cleanup abort failed")
+            self._fail_all(EngineLoopError(f"engine step failed: {exc}"))
+            return
+        now = time.monotonic()
+        for out in outputs:
+            stream = self._requests.get(out.request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            self._record_timing(stream, out, now)
+            if out.finished:
+                del self._requests[out.request_id]
+            stream._put(out)
+
+    def _record_timing(self, state: RequestStream, out: Any, now: float) -> None:
+        if not self.stat_loggers:
+            return
+        num_tokens = sum(len(c.token_ids) for c in out.outputs)
+        new = num_tokens - state.num_tokens
+        for stat in self.stat_loggers:
+            if new > 0 and state.num_tokens == 0:
+                stat.on_first_token(now - state.arrival)
+            elif new > 0:
+                stat.on_tokens(now - state.last_token_time, new)
+            if out.finished:
+                reason = out.outputs[0].finish_reason if out.outputs else None
+                stat.on_finished(now - state.arrival, reason)
+        if new > 0:
+            state.num_tokens = num_tokens
+            state.last_token_time = now
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in self._requests.values():
+            stream._put(exc)
+        self._requests.clear()
+
+    def _fail_queued_adds(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add" and cmd[5].set_running_or_notify_cancel():
+                cmd[5].set_exception(RuntimeError("AsyncLLM is shut down"))

@@ -1,0 +1,178 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+``python -m vllm_volta.entrypoints.openai.api_server --model MODEL`` or
+``vllm-volta serve [MODEL]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import Headers
+
+from vllm_volta.engine.async_llm import AsyncLLM
+from vllm_volta.entrypoints.openai.cli_args import (
+    add_server_args, build_engine_args, load_chat_template)
+from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
+from vllm_volta.entrypoints.openai.metrics import ServerMetrics
+from vllm_volta.entrypoints.openai.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
+from vllm_volta.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm_volta.entrypoints.openai.serving_engine import now_s
+from vllm_volta.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm_volta.logger import init_logger
+from vllm_volta.sampling_params import MAX_LOGPROBS
+
+logger = init_logger(__name__)
+
+
+def package_version() -> str:
+    import vllm_volta
+
+    version = getattr(vllm_volta, "__version__", None)
+    if version:
+        return version
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("vllm-volta")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class APIKeyMiddleware:
+    """Pure ASGI check of ``Authorization: Bearer <key>`` on /v1/* (constant-time compare).
+
+    Pure ASGI rather than ``@app.middleware`` so streaming responses and client
+    disconnects pass through untouched. Health and metrics stay open, as in vLLM.
+    """
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response("Unauthorized: missing or invalid API key", 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _model_limits(engine: AsyncLLM, max_logprobs: int | None) -> dict[str, int]:
+    cfg = engine.model_config
+    get_vocab = getattr(cfg, "get_vocab_size", None)
+    vocab = get_vocab() if get_vocab else cfg.hf_config.vocab_size
+    return {"max_model_len": int(cfg.max_model_len), "vocab_size": int(vocab),
+            "max_logprobs": int(max_logprobs or getattr(cfg, "max_logprobs", MAX_LOGPROBS))}
+
+
+def served_names(args: argparse.Namespace, engine: AsyncLLM) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    cfg = engine.model_config
+    return [str(getattr(cfg, "served_model_name", None) or cfg.model)]
+
+
+def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
+    """The FastAPI app serving ``engine`` under the names and options in ``args``."""
+    names = served_names(args, engine)
+    limits = _model_limits(engine, args.max_logprobs)
+    chat_template = load_chat_template(args.chat_template)
+    completions = OpenAIServingCompletion(engine, names, **limits)
+    tokenization = OpenAIServingTokenization(engine, names, chat_template=chat_template,
+                                             **limits)
+    chat = tokenization  # the tokenization handler is a chat handler too
+    metrics = ServerMetrics(names[0])
+    engine.stat_loggers.append(metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="vllm-volta OpenAI-compatible server", version=package_version(),
+                  lifespan=lifespan)
+    install_error_handlers(app)
+
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.is_running else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": package_version()}
+
+    @app.get("/metrics")
+    async def get_metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(engine.get_stats()),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        root = str(engine.model_config.model)
+        data = [{"id": name, "object": "model", "created": now_s(), "owned_by": "vllm-volta",
+                 "root": root, "parent": None, "max_model_len": limits["max_model_len"]}
+                for name in names]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest,
+                                     raw_request: Request) -> Any:
+        return await chat.create_chat_completion(request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenization.tokenize_request(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenization.detokenize_request(request))
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """Load the model, start the engine loop and serve until interrupted."""
+    import uvicorn
+
+    load_chat_template(args.chat_template)  # fail fast, before loading the model
+    engine = AsyncLLM.from_engine_args(build_engine_args(args))
+    app = build_app(engine, args)
+    host = args.host or "0.0.0.0"
+    logger.info("Serving %s on http://%s:%d (OpenAI API under /v1)",
+                served_names(args, engine)[0], host, args.port)
+    try:
+        uvicorn.run(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
+                    timeout_keep_alive=5)
+    finally:
+        engine.shutdown()
+
+
+def make_parser() -> argparse.ArgumentParser:
+    return add_server_args(argparse.ArgumentParser(
+        prog="python -m vllm_volta.entrypoints.openai.api_server",
+        description="vllm-volta OpenAI-compatible server"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_server(make_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
