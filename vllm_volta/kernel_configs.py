@@ -67,9 +67,9 @@ def kernel_config_file_name(op: str, *, device_name: str, **shape: Any) -> str:
     """
     parts = [f"op={_format_value('op', op)}"]
     for key, value in shape.items():
-        if key in ("op", "device_name"):
-            raise ValueError(f"kernel config shape field may not be named {key!r}")
-        parts.append(f"{_format_value('shape key', key)}={_format_value(key, value)}")
+        if not key.isidentifier():
+            raise ValueError(f"kernel config shape field {key!r} must be an identifier")
+        parts.append(f"{key}={_format_value(key, value)}")
     parts.append(f"device_name={normalize_device_name(device_name)}")
     return ",".join(parts) + ".json"
 
