@@ -149,7 +149,7 @@ def test_resolve_dtype_rejects_unknown(clean_env, bad):
 def _engine_config(block_size, disable_custom_all_reduce, cpu_space=0):
     cache = SimpleNamespace(block_size=block_size)
     if cpu_space != 0:
-        cache.cpu_kvcache_space_bytes = cpu_space
+        cache.cpu_kvcache_space = cpu_space
     return SimpleNamespace(
         cache_config=cache,
         parallel_config=SimpleNamespace(disable_custom_all_reduce=disable_custom_all_reduce),
@@ -176,13 +176,22 @@ def test_check_and_update_config_cpu(clean_env):
     CpuPlatform().check_and_update_config(cfg)
     assert cfg.cache_config.block_size == 16
     assert cfg.parallel_config.disable_custom_all_reduce is True
-    assert cfg.cache_config.cpu_kvcache_space_bytes == 4 * 1024**3
+    assert cfg.cache_config.cpu_kvcache_space == 4.0
     clean_env.setenv("VLLM_VOLTA_CPU_KVCACHE_SPACE", "0.5")
     cfg = _engine_config(8, True, cpu_space=None)
     CpuPlatform().check_and_update_config(cfg)
-    assert cfg.cache_config.cpu_kvcache_space_bytes == 512 * 1024**2
+    assert cfg.cache_config.cpu_kvcache_space == 0.5
     # Missing sub-configs or fields are left alone.
     CpuPlatform().check_and_update_config(SimpleNamespace())
     bare = SimpleNamespace(cache_config=SimpleNamespace(), parallel_config=SimpleNamespace())
     CpuPlatform().check_and_update_config(bare)
     assert vars(bare.cache_config) == {} and vars(bare.parallel_config) == {}
+
+
+def test_check_and_update_config_with_the_real_cache_config(clean_env):
+    config = pytest.importorskip("vllm_volta.config")
+    clean_env.setenv("VLLM_VOLTA_CPU_KVCACHE_SPACE", "2")
+    cache = config.CacheConfig(cpu_kvcache_space=None)
+    CpuPlatform().check_and_update_config(SimpleNamespace(cache_config=cache))
+    assert cache.cpu_kvcache_space == 2.0 and cache.cpu_kvcache_bytes() == 2 * 1024**3
+    assert cache.block_size == 16

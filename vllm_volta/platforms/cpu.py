@@ -31,8 +31,8 @@ class CpuPlatform(Platform):
         return ["TORCH_SDPA"]
 
     def check_and_update_config(self, vllm_config: Any) -> None:
-        """Base rules, plus ``cache_config.cpu_kvcache_space_bytes`` None -> the env budget."""
+        """Base rules, plus ``cache_config.cpu_kvcache_space`` (GiB) None -> the env budget."""
         super().check_and_update_config(vllm_config)
         cache_config = getattr(vllm_config, "cache_config", None)
-        if cache_config is not None and getattr(cache_config, "cpu_kvcache_space_bytes", 0) is None:
-            cache_config.cpu_kvcache_space_bytes = envs.cpu_kvcache_space_bytes()
+        if cache_config is not None and getattr(cache_config, "cpu_kvcache_space", 0) is None:
+            cache_config.cpu_kvcache_space = envs.VLLM_VOLTA_CPU_KVCACHE_SPACE
