@@ -114,7 +114,8 @@ class ModelConfig:
 
     def _resolve_source(self) -> None:
         from vllm_volta.transformers_utils.config import resolve_model_source
-        source = resolve_model_source(self.model, revision=self.revision)
+        source = resolve_model_source(self.model, revision=self.revision,
+                                      trust_remote_code=self.trust_remote_code)
         self.hf_config = source.hf_config
         self.model_path = str(source.path)
 
@@ -274,3 +275,7 @@ class VllmConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+
+    def __post_init__(self) -> None:
+        from vllm_volta.platforms import current_platform
+        current_platform.check_and_update_config(self)

@@ -1,0 +1,1 @@
+"""The engine: EngineArgs -> LLMEngine (sync, step-driven); AsyncLLM for the server."""

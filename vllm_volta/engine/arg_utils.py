@@ -1,0 +1,144 @@
+"""EngineArgs: the user-facing engine options (vLLM's names) -> VllmConfig."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_volta.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
+                               SchedulerConfig, VllmConfig)
+
+# Defaults per device: a CPU has far less compute per step than a GPU.
+_DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 128}
+_DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+
+# Help strings for the CLI flags (the server and benchmarks share them).
+_HELP = {
+    "model": "HF folder, hub name or .gguf file; default: the built-in SmolLM2-135M-Instruct",
+    "tokenizer": "tokenizer folder/name (default: the model's)",
+    "dtype": "auto, half/float16, bfloat16, float/float32",
+    "seed": "random seed for sampling without a per-request seed",
+    "max_model_len": "context length (default: from the model config)",
+    "load_format": "auto, safetensors, gguf, dummy (random weights)",
+    "block_size": "tokens per KV-cache block",
+    "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
+    "cpu_kvcache_space": "KV-cache size in GiB on CPU (default: VLLM_VOLTA_CPU_KVCACHE_SPACE)",
+    "num_gpu_blocks_override": "use exactly this many KV blocks (testing)",
+    "max_num_seqs": "max sequences per step",
+    "max_num_batched_tokens": "max tokens per step (the token budget)",
+    "enforce_eager": "disable CUDA graphs",
+    "tensor_parallel_size": "number of GPUs (only 1 is supported for now)",
+    "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
+}
+
+
+@dataclass
+class EngineArgs:
+    """Arguments for LLMEngine / LLM, with vLLM's field names and defaults.
+
+    `None` for max_num_seqs / max_num_batched_tokens picks a device-dependent default.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    served_model_name: str | None = None
+    skip_tokenizer_init: bool = False
+    max_logprobs: int = 20
+    # KV cache
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kvcache_space: float | None = None
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None
+    # Scheduling
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    # Execution
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[int] | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    device: str = "auto"
+    disable_log_stats: bool = True
+
+    def create_engine_config(self) -> VllmConfig:
+        """Validate everything and resolve model/hardware-dependent values."""
+        # Cheap checks first: a bad parallel size should not wait for a model download.
+        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        device_config = DeviceConfig(self.device)
+        cache_config = CacheConfig(
+            block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            cpu_kvcache_space=self.cpu_kvcache_space,
+            enable_prefix_caching=self.enable_prefix_caching,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
+        model_config = ModelConfig(
+            model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
+            max_model_len=self.max_model_len, load_format=self.load_format,
+            revision=self.revision, tokenizer_revision=self.tokenizer_revision,
+            served_model_name=self.served_model_name,
+            trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
+            max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
+        )
+        device = device_config.device
+        max_num_seqs = self.max_num_seqs or _DEFAULT_MAX_NUM_SEQS[device]
+        max_num_batched_tokens = self.max_num_batched_tokens
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = _DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
+            if not self.enable_chunked_prefill:
+                max_num_batched_tokens = max(max_num_batched_tokens, model_config.max_model_len)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=model_config.max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            cuda_graph_sizes=self.cuda_graph_sizes,
+        )
+        return VllmConfig(model_config=model_config, cache_config=cache_config,
+                          scheduler_config=scheduler_config, parallel_config=parallel_config,
+                          device_config=device_config)
+
+    # ---- CLI ----------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, *, include_model: bool = True
+                     ) -> argparse.ArgumentParser:
+        """Add one --flag per field (vLLM's spelling: --max-model-len ...).
+
+        Booleans that default to True also get --no-<flag>. `include_model=False` leaves
+        --model out (for CLIs that take the model as a positional argument).
+        """
+        for f in dataclasses.fields(EngineArgs):
+            if f.name == "model" and not include_model:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": f.name, "default": f.default,
+                                      "help": _HELP.get(f.name)}
+            if f.type == "bool":
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            elif f.name == "cuda_graph_sizes":
+                parser.add_argument(flag, type=int, nargs="+", **kwargs)
+            else:
+                parser.add_argument(flag, type=_CLI_TYPES.get(f.type, str), **kwargs)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """Build EngineArgs from a namespace parsed with add_cli_args (extra keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+_CLI_TYPES = {
+    "int": int, "int | None": int, "float": float, "float | None": float,
+    "str": str, "str | None": str,
+}

@@ -1,0 +1,252 @@
+"""LLMEngine: synchronous, step-driven engine (contract in docs/ARCHITECTURE.md).
+
+add_request -> step() ... -> RequestOutputs. Each step schedules a batch, runs it through
+the executor, appends the sampled tokens, applies stop rules and reports the requests
+that advanced (cumulative text and token ids).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_volta.config import VllmConfig
+from vllm_volta.core.request import Request, RequestStatus
+from vllm_volta.core.request_group import RequestGroup
+from vllm_volta.core.scheduler import Scheduler
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.executor.abstract import Executor
+from vllm_volta.logger import init_logger
+from vllm_volta.outputs import RequestOutput
+from vllm_volta.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+PromptInput = str | list[int] | Mapping[str, Any]
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load (token counters are totals since start)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_preemptions_total: int = 0
+    prefix_cache_queries_total: int = 0   # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0      # of which found cached
+
+
+class LLMEngine:
+    """The engine: tokenizer, scheduler + KV cache manager, executor."""
+
+    def __init__(self, vllm_config: VllmConfig, executor_class: type[Executor] | None = None,
+                 log_stats: bool = False) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.log_stats = log_stats
+        self.tokenizer = None
+        if not self.model_config.skip_tokenizer_init:
+            from vllm_volta.transformers_utils.tokenizer import get_tokenizer
+            mc = self.model_config
+            self.tokenizer = get_tokenizer(mc.model_path, mc.tokenizer,
+                                           trust_remote_code=mc.trust_remote_code,
+                                           revision=mc.tokenizer_revision)
+        self.eos_token_ids = self._eos_token_ids()
+        executor_class = executor_class or Executor.get_class(vllm_config)
+        self.executor = executor_class(vllm_config)
+        num_blocks = self.executor.determine_num_available_blocks()
+        self.executor.initialize_cache(num_blocks)
+        cc = vllm_config.cache_config
+        self.scheduler = Scheduler(vllm_config.scheduler_config, num_blocks, cc.block_size,
+                                   cc.enable_prefix_caching)
+        self._groups: dict[str, RequestGroup] = {}
+        self._decode_token = None
+        if self.tokenizer is not None:
+            from vllm_volta.sample.logprobs import token_decoder
+            self._decode_token = token_decoder(self.tokenizer)
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args.create_engine_config(),
+                   log_stats=not engine_args.disable_log_stats)
+
+    def _eos_token_ids(self) -> set[int]:
+        """eos of the tokenizer plus generation_config.json's (Llama 3 lists several)."""
+        ids: set[int] = set()
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        gen_config = Path(self.model_config.model_path) / "generation_config.json"
+        if gen_config.is_file():
+            eos = json.loads(gen_config.read_text()).get("eos_token_id")
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return ids
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # ---- requests -------------------------------------------------------------
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._tokenize(list(prompt["prompt_token_ids"]))[1]
+            if "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+            raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init "
+                                 "is set); pass prompt_token_ids")
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string, a list of token ids or a dict, "
+                         f"got {type(prompt).__name__}")
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        mc = self.model_config
+        if not token_ids:
+            raise ValueError("prompt must not be empty (0 tokens)")
+        if len(token_ids) > mc.max_model_len:
+            raise ValueError(f"prompt length {len(token_ids)} exceeds max_model_len "
+                             f"{mc.max_model_len}: the prompt must have at most "
+                             f"{mc.max_model_len} tokens")
+        vocab = mc.get_vocab_size()
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary "
+                             f"[0, {vocab})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > mc.max_logprobs:
+                raise ValueError(f"{name}={value} exceeds max_logprobs={mc.max_logprobs}; "
+                                 f"allowed range is [0, {mc.max_logprobs}]")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids")
+
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request. Bad input raises ValueError and leaves the engine untouched."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self._groups:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        prompt_text, token_ids = self._tokenize(prompt)
+        self._validate(token_ids, params)
+        params = params.clone()
+        params.update_from_tokenizer(self.eos_token_ids)
+        arrival_time = arrival_time if arrival_time is not None else time.time()
+        mc = self.model_config
+        max_tokens = params.max_tokens or max(mc.max_model_len - len(token_ids), 1)
+        children = []
+        for i in range(params.n):
+            child_params = params
+            if i > 0 and params.prompt_logprobs is not None:
+                # Prompt logprobs are computed once (child 0); the others may use the cache.
+                child_params = params.clone()
+                child_params.prompt_logprobs = None
+            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
+            children.append(Request(child_id, token_ids, child_params, max_tokens=max_tokens,
+                                    block_size=self.vllm_config.cache_config.block_size,
+                                    arrival_time=arrival_time, parent_id=request_id, index=i))
+        group = RequestGroup(request_id, prompt_text, token_ids, params, children,
+                             self.tokenizer, self._decode_token, arrival_time)
+        for child in children:
+            self.scheduler.add_request(child)
+        self._groups[request_id] = group
+        self._prompt_tokens_total += len(token_ids)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Drop requests (unknown ids are ignored); their KV blocks are freed."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        for rid in request_ids:
+            group = self._groups.pop(rid, None)
+            if group is not None:
+                self.scheduler.finish_requests(group.child_ids(), RequestStatus.FINISHED_ABORTED)
+
+    def abort_all_requests(self) -> None:
+        self.abort_request(list(self._groups))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    # ---- one step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; return the outputs of requests that advanced."""
+        sched_out = self.scheduler.schedule()
+        runner_out = self.executor.execute_model(sched_out)
+        now = time.time()
+        for s in sched_out.scheduled:
+            self._groups[s.request.parent_id].mark_scheduled(now)
+        for rid, chunk in runner_out.prompt_logprobs.items():
+            self._groups[self.scheduler.requests[rid].parent_id].add_prompt_logprobs(chunk)
+        advanced = self.scheduler.update_from_output(sched_out, runner_out.sampled_token_ids)
+        touched: dict[str, RequestGroup] = {}
+        for request in advanced:
+            group = self._groups[request.parent_id]
+            num_new = len(runner_out.sampled_token_ids[request.request_id])
+            self._generation_tokens_total += num_new
+            stop_str = group.process_tokens(request, num_new,
+                                            runner_out.logprobs.get(request.request_id))
+            if stop_str is not None and not request.is_finished:
+                request.stop_reason = stop_str
+                request.status = RequestStatus.FINISHED_STOPPED
+                self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+            touched[group.request_id] = group
+        for request in sched_out.errored:
+            group = self._groups.get(request.parent_id)
+            if group is not None:
+                # One failed sample fails the request: drop its siblings too.
+                group.fail(request.error or "request failed")
+                self.scheduler.finish_requests(group.child_ids(), RequestStatus.FINISHED_ABORTED)
+                touched[group.request_id] = group
+        outputs = []
+        for rid, group in touched.items():
+            outputs.append(group.make_output())
+            if group.finished:
+                del self._groups[rid]
+        if self.log_stats and sched_out.scheduled:
+            self._log_step(sched_out.total_num_scheduled_tokens)
+        return outputs
+
+    def _log_step(self, num_tokens: int) -> None:
+        s = self.get_stats()
+        logger.debug("step: %d tokens, %d running, %d waiting, KV cache %.1f%%", num_tokens,
+                     s.num_running, s.num_waiting, 100 * s.kv_cache_usage)
+
+    def get_stats(self) -> EngineStats:
+        sched = self.scheduler
+        kv = sched.kv_cache_manager
+        return EngineStats(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            kv_cache_usage=kv.get_usage(),
+            num_free_blocks=kv.get_num_free_blocks(),
+            num_total_blocks=kv.num_usable_blocks,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            num_preemptions_total=sched.num_preemptions,
+            prefix_cache_queries_total=kv.prefix_cache_stats.queries,
+            prefix_cache_hits_total=kv.prefix_cache_stats.hits,
+        )
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

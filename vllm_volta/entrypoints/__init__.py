@@ -1,0 +1,1 @@
+"""User entry points: the offline LLM class, the CLI and the OpenAI-compatible server."""

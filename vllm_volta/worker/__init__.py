@@ -1,0 +1,1 @@
+"""Workers: one device each; the ModelRunner does the per-step work."""

@@ -1,0 +1,187 @@
+"""ModelRunner: one step of the model on one device (inputs -> forward -> sample)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_volta.config import VllmConfig
+from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
+from vllm_volta.logger import init_logger
+from vllm_volta.sample.logprobs import compute_prompt_logprobs
+from vllm_volta.sample.metadata import SamplingMetadata, make_generator
+from vllm_volta.sample.sampler import Sampler
+from vllm_volta.sampling_params import SamplingType
+from vllm_volta.worker.inputs import ModelInput, prepare_inputs
+
+logger = init_logger(__name__)
+
+# Sampled-token logprobs of one row: (token ids, logprobs, rank of the sampled token),
+# token 0 being the sampled one, then the batch's top-k.
+LogprobsRow = tuple[list[int], list[float], int]
+
+
+@dataclass
+class PromptLogprobsChunk:
+    """Prompt logprobs for prompt positions start+1 .. start+len(ranks) (predicted tokens)."""
+
+    start: int
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, LogprobsRow] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Holds the model and its KV caches; runs scheduled steps.
+
+    Seeded requests keep one torch.Generator each for their whole life (kept across
+    preemption too, so a resumed request continues the same random stream).
+    """
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.device = device
+        self.dtype = self.model_config.dtype
+        self.model: torch.nn.Module | None = None
+        self.attn_backend: type | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self.graph_runner = None  # set by the worker when CUDA graphs are captured
+
+    # ---- setup ------------------------------------------------------------------
+    def load_model(self) -> None:
+        from vllm_volta.model_executor.model_loader import get_model
+        from vllm_volta.platforms import current_platform
+        self.attn_backend = current_platform.get_attn_backend(
+            dtype=self.dtype, head_size=self.model_config.get_head_size())
+        self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        mc = self.model_config
+        return (2, num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
+
+    def kv_cache_block_bytes(self) -> int:
+        """Bytes one block takes across all layers (keys and values)."""
+        per_layer = 1
+        for dim in self.kv_cache_shape(1):
+            per_layer *= dim
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return per_layer * itemsize * self.model_config.get_num_layers()
+
+    def allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        # Zeros, not empty: padded attention reads masked slots, and 0 * NaN garbage is NaN.
+        shape = self.kv_cache_shape(num_blocks)
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                for _ in range(self.model_config.get_num_layers())]
+
+    def initialize_kv_caches(self, num_blocks: int) -> None:
+        self.kv_caches = self.allocate_kv_caches(num_blocks)
+
+    # ---- one step ---------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in scheduler_output.finished_req_ids:
+            self.generators.pop(rid, None)
+        output = ModelRunnerOutput()
+        scheduled = scheduler_output.scheduled
+        if not scheduled:
+            return output
+        inp = prepare_inputs(scheduled, self.block_size, self.device)
+        hidden = self._forward(inp)
+        self._prompt_logprobs(scheduled, inp, hidden, output)
+        if inp.sample_rows:
+            logits = self.model.compute_logits(hidden[inp.logits_indices])
+            self._sample(scheduled, inp.sample_rows, logits, output)
+        return output
+
+    def _forward(self, inp: ModelInput) -> torch.Tensor:
+        if self.graph_runner is not None and self.graph_runner.can_run(inp):
+            return self.graph_runner.run(inp)
+        return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata)
+
+    def _generator_for(self, s: ScheduledRequest) -> torch.Generator | None:
+        params = s.request.sampling_params
+        if params.sampling_type != SamplingType.RANDOM_SEED:
+            return None
+        gen = self.generators.get(s.req_id)
+        if gen is None:
+            gen = make_generator(params.seed, s.request.index, self.device)
+            self.generators[s.req_id] = gen
+        return gen
+
+    def _sample(self, scheduled: list[ScheduledRequest], rows: list[int], logits: torch.Tensor,
+                output: ModelRunnerOutput) -> None:
+        reqs = [scheduled[i] for i in rows]
+        params = [s.request.sampling_params for s in reqs]
+        generators = {j: g for j, s in enumerate(reqs) if (g := self._generator_for(s))}
+        metadata = SamplingMetadata.build(
+            params,
+            output_token_ids=[s.request.output_token_ids for s in reqs],
+            prompt_token_ids=[s.request.prompt_token_ids for s in reqs],
+            generators=generators, device=self.device)
+        result = self.sampler(logits, metadata)
+        sampled = result.sampled_token_ids.tolist()
+        for s, token in zip(reqs, sampled):
+            output.sampled_token_ids[s.req_id] = [token]
+        if result.logprobs_tensors is not None:
+            ids, lps, ranks = result.logprobs_tensors.tolists()
+            for j, s in enumerate(reqs):
+                if s.request.sampling_params.logprobs is not None:
+                    output.logprobs[s.req_id] = (ids[j], lps[j], ranks[j])
+
+    def _prompt_logprobs(self, scheduled: list[ScheduledRequest], inp: ModelInput,
+                         hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
+        for i, s in enumerate(scheduled):
+            num_logprobs = s.request.sampling_params.prompt_logprobs
+            last = s.request.num_prompt_tokens - 1  # positions that predict a prompt token
+            start = s.num_computed_tokens
+            end = min(start + s.num_new_tokens, last)
+            if num_logprobs is None or start >= end:
+                continue
+            row0 = int(inp.query_start_loc[i])
+            logits = self.model.compute_logits(hidden[row0:row0 + end - start])
+            next_ids = torch.tensor(s.request.prompt_token_ids[start + 1:end + 1],
+                                    dtype=torch.int64, device=logits.device)
+            ids, lps, ranks = compute_prompt_logprobs(logits, next_ids, num_logprobs).tolists()
+            output.prompt_logprobs[s.req_id] = PromptLogprobsChunk(start, ids, lps, ranks)
+
+    # ---- profiling ----------------------------------------------------------------
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A worst-case step (the full token budget, then sampling for max_num_seqs rows)
+        on a throwaway cache, so peak activation memory can be measured."""
+        from vllm_volta.sampling_params import SamplingParams
+        sc = self.vllm_config.scheduler_config
+        num_tokens = sc.max_num_batched_tokens
+        seq_len = min(self.model_config.max_model_len, num_tokens)
+        num_seqs = -(-num_tokens // seq_len)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        caches = self.allocate_kv_caches(num_seqs * blocks_per_seq + 1)
+        num_computed, num_new, block_ids = [], [], []
+        for i in range(num_seqs):
+            n = min(seq_len, num_tokens - i * seq_len)
+            num_computed.append(0)
+            num_new.append(n)
+            block_ids.append(list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+        from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
+        md = build_attn_metadata(num_computed, num_new, block_ids, self.block_size, self.device)
+        positions = compute_positions(num_computed, num_new).to(self.device)
+        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, positions, caches, md)
+        num_rows = min(sc.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:num_rows])
+        params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50)] * num_rows
+        metadata = SamplingMetadata.build(params, output_token_ids=[[]] * num_rows,
+                                          device=self.device)
+        self.sampler(logits, metadata)
+        del caches, hidden, logits

@@ -1,0 +1,105 @@
+"""Worker: one device. Sets it up, loads the model, sizes and owns the KV cache."""
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from vllm_volta.config import VllmConfig
+from vllm_volta.core.scheduler import SchedulerOutput
+from vllm_volta.logger import init_logger
+from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput
+
+logger = init_logger(__name__)
+
+
+class Worker:
+    """Runs the model on `vllm_config.device_config` (one process, one device)."""
+
+    def __init__(self, vllm_config: VllmConfig, device_index: int = 0) -> None:
+        self.vllm_config = vllm_config
+        device_type = vllm_config.device_config.device
+        self.device = (torch.device("cuda", device_index) if device_type == "cuda"
+                       else torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        # Unseeded random sampling draws from the global generator: seed it like vLLM.
+        torch.manual_seed(vllm_config.model_config.seed)
+        self.model_runner = ModelRunner(vllm_config, self.device)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        """How many KV blocks fit: free GPU memory after a profiling step x utilization on
+        a GPU, the CPU byte budget on a CPU; capped at what the scheduler could ever use."""
+        cache_config = self.vllm_config.cache_config
+        block_bytes = self.model_runner.kv_cache_block_bytes()
+        if cache_config.num_gpu_blocks_override is not None:
+            return cache_config.num_gpu_blocks_override
+        if self.device.type == "cuda":
+            budget = self._profile_gpu_kv_bytes()
+            what = (f"gpu_memory_utilization={cache_config.gpu_memory_utilization} leaves "
+                    f"{budget / 2**30:.2f} GiB")
+        else:
+            budget = cache_config.cpu_kvcache_bytes()
+            what = f"the CPU KV-cache budget is {budget / 2**30:.2f} GiB"
+        num_blocks = budget // block_bytes
+        if num_blocks < 2:
+            raise ValueError(
+                f"No room for the KV cache: {what}, one block needs {block_bytes} bytes. "
+                f"Raise gpu_memory_utilization (GPU) or cpu_kvcache_space / "
+                f"VLLM_VOLTA_CPU_KVCACHE_SPACE (CPU), or use a smaller model.")
+        sc = self.vllm_config.scheduler_config
+        useful = sc.max_num_seqs * -(-sc.max_model_len // cache_config.block_size) + 1
+        return int(min(num_blocks, useful))
+
+    def _profile_gpu_kv_bytes(self) -> int:
+        util = self.vllm_config.cache_config.gpu_memory_utilization
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run()
+        torch.cuda.synchronize(self.device)
+        peak_torch = torch.cuda.max_memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        # Memory held outside torch's allocator (CUDA context, other processes).
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+        budget = int(total * util) - peak_torch - max(non_torch, 0)
+        logger.info("Memory profile: total %.2f GiB, peak torch %.2f GiB, non-torch %.2f GiB",
+                    total / 2**30, peak_torch / 2**30, non_torch / 2**30)
+        return max(budget, 0)
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.vllm_config.cache_config.num_gpu_blocks = num_blocks
+        self.model_runner.initialize_kv_caches(num_blocks)
+        mc, sc = self.vllm_config.model_config, self.vllm_config.scheduler_config
+        block_size = self.vllm_config.cache_config.block_size
+        tokens = (num_blocks - 1) * block_size
+        logger.info(
+            "Model %s | dtype %s | attention backend %s | KV cache: %d blocks of %d tokens "
+            "(%d tokens, %.2f GiB) | max concurrency for %d-token requests: %.2fx",
+            mc.served_model_name, str(mc.dtype).removeprefix("torch."),
+            getattr(self.model_runner.attn_backend, "name", "?"), num_blocks, block_size,
+            tokens, num_blocks * self.model_runner.kv_cache_block_bytes() / 2**30,
+            mc.max_model_len, tokens / mc.max_model_len)
+        if tokens < mc.max_model_len:
+            logger.warning("The KV cache holds %d tokens, less than max_model_len=%d: longer "
+                           "requests will finish with an error", tokens, mc.max_model_len)
+        self._maybe_capture_cuda_graphs(sc.max_num_seqs)
+
+    def _maybe_capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        runner = self.model_runner
+        if (self.device.type != "cuda" or self.vllm_config.model_config.enforce_eager):
+            return
+        if not getattr(runner.attn_backend, "supports_cuda_graphs", False):
+            logger.info("CUDA graphs off: attention backend %s cannot be captured",
+                        getattr(runner.attn_backend, "name", "?"))
+            return
+        from vllm_volta.worker.cuda_graph import CudaGraphRunner
+        runner.graph_runner = CudaGraphRunner.capture(runner, max_num_seqs)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
