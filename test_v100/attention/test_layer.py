@@ -1,0 +1,49 @@
+"""Attention layer: cache writes by slot (skipping -1) and the call into the backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm_volta.attention.layer import Attention, write_to_kv_cache
+from vllm_volta.attention.metadata import build_attn_metadata
+
+
+def test_write_to_kv_cache_by_slot():
+    cache = torch.zeros(2, 3, 4, 2, 8)
+    k, v = torch.randn(3, 16), torch.randn(3, 16)
+    write_to_kv_cache(k, v, cache, torch.tensor([5, -1, 11]))
+    expected = torch.zeros_like(cache)
+    expected[0, 1, 1], expected[1, 1, 1] = k[0].view(2, 8), v[0].view(2, 8)  # slot 5
+    expected[0, 2, 3], expected[1, 2, 3] = k[2].view(2, 8), v[2].view(2, 8)  # slot 11
+    assert torch.equal(cache, expected)
+
+
+def test_write_casts_to_cache_dtype():
+    cache = torch.zeros(2, 1, 2, 1, 4, dtype=torch.float16)
+    k = torch.randn(1, 4)
+    write_to_kv_cache(k, k, cache, torch.tensor([1]))
+    assert torch.equal(cache[0, 0, 1, 0], k[0].half())
+
+
+def test_attention_layer_prefill_then_decode():
+    """Prefill 5 tokens, decode 1: outputs equal causal SDPA over the 6-token sequence."""
+    heads, kv_heads, d = 4, 2, 8
+    torch.manual_seed(0)
+    q, k, v = torch.randn(6, heads * d), torch.randn(6, kv_heads * d), torch.randn(6, kv_heads * d)
+    layer = Attention(heads, d, d ** -0.5, kv_heads)
+    cache = torch.zeros(2, 4, 4, kv_heads, d)
+    out1 = layer(q[:5], k[:5], v[:5], cache, build_attn_metadata([0], [5], [[3, 1]], 4))
+    out2 = layer(q[5:], k[5:], v[5:], cache, build_attn_metadata([5], [1], [[3, 1]], 4))
+    ref = F.scaled_dot_product_attention(
+        q.view(6, heads, d).transpose(0, 1),
+        k.view(6, kv_heads, d).transpose(0, 1).repeat_interleave(2, 0),
+        v.view(6, kv_heads, d).transpose(0, 1).repeat_interleave(2, 0),
+        is_causal=True).transpose(0, 1).reshape(6, heads * d)
+    torch.testing.assert_close(torch.cat([out1, out2]), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_invalid_heads():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        Attention(4, 8, 0.3, 3)

@@ -1,0 +1,148 @@
+"""Helpers for model tests: random-weight HF checkpoints and a tiny paged-KV runner.
+
+The runner plays the model runner's part with the real metadata builder: it keeps per-sequence
+token lists and block lists (blocks handed out in a scrambled order), builds AttentionMetadata
+for a step, and returns the logits of each sequence's new tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import transformers
+
+from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
+from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
+from vllm_volta.model_executor.model_loader.loader import get_model
+from vllm_volta.transformers_utils.config import resolve_model_source
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=120, max_position_embeddings=128,
+            rms_norm_eps=1e-5)
+
+
+def save_random_hf_model(config: transformers.PretrainedConfig, folder: Path, seed: int = 0,
+                         max_shard_size: str | None = None) -> transformers.PreTrainedModel:
+    """Create the HF model with random weights large enough to matter (norm weights around 1,
+    biases non-zero), save it as safetensors to ``folder`` and return it (fp32, eval)."""
+    torch.manual_seed(seed)
+    hf = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.2)
+            else:
+                p.normal_(0.0, 0.15)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    hf.save_pretrained(folder, **kwargs)
+    return hf
+
+
+def load_ours(folder: Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+              load_format: str = "auto") -> torch.nn.Module:
+    """Our model through the production path: resolve_model_source + get_model."""
+    source = resolve_model_source(str(folder))
+    model_config = SimpleNamespace(model=str(folder), hf_config=source.hf_config, dtype=dtype,
+                                   load_format=load_format, model_path=str(source.path),
+                                   revision=None)
+    return get_model(model_config, device, attn_backend=TorchSDPABackend)
+
+
+@torch.no_grad()
+def hf_logits(hf: transformers.PreTrainedModel, token_ids: list[int]) -> torch.Tensor:
+    """[len, vocab] float32 logits of the HF model for one full sequence."""
+    return hf(torch.tensor([token_ids])).logits[0].float()
+
+
+@dataclass
+class _Seq:
+    tokens: list[int] = field(default_factory=list)  # tokens already in the cache
+    blocks: list[int] = field(default_factory=list)
+
+
+class PagedRunner:
+    """Drives ``model`` step by step over a paged KV cache."""
+
+    def __init__(self, model: torch.nn.Module, num_blocks: int = 64, block_size: int = 4,
+                 device: str = "cpu", seed: int = 0) -> None:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (2, num_blocks, block_size, cfg.num_key_value_heads, head_dim)
+        dtype = next(model.parameters()).dtype
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device)
+                          for _ in range(cfg.num_hidden_layers)]
+        self.model, self.block_size, self.device = model, block_size, device
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)  # non-contiguous blocks exercise the block table
+        self.seqs: dict[str, _Seq] = {}
+
+    def share_prefix(self, new_id: str, src_id: str, num_blocks: int) -> None:
+        """Start ``new_id`` with the first ``num_blocks`` full blocks of ``src_id`` (a prefix-cache
+        hit: those tokens are computed and their KV is read from the shared blocks)."""
+        src = self.seqs[src_id]
+        n = num_blocks * self.block_size
+        self.seqs[new_id] = _Seq(tokens=src.tokens[:n], blocks=src.blocks[:num_blocks])
+
+    @torch.no_grad()
+    def step(self, new_tokens: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Run one batch: sequence id -> its new tokens. Returns id -> [n_new, vocab] logits."""
+        ids = list(new_tokens)
+        for sid in ids:
+            seq = self.seqs.setdefault(sid, _Seq())
+            needed = -(-(len(seq.tokens) + len(new_tokens[sid])) // self.block_size)
+            while len(seq.blocks) < needed:
+                seq.blocks.append(self.free.pop())
+        done = [len(self.seqs[s].tokens) for s in ids]
+        num_new = [len(new_tokens[s]) for s in ids]
+        md = build_attn_metadata(done, num_new, [self.seqs[s].blocks for s in ids],
+                                 self.block_size, self.device)
+        input_ids = torch.tensor([t for s in ids for t in new_tokens[s]], device=self.device)
+        positions = compute_positions(done, num_new).to(self.device)
+        hidden = self.model(input_ids, positions, self.kv_caches, md)
+        logits = self.model.compute_logits(hidden).cpu()
+        out, start = {}, 0
+        for sid, n in zip(ids, num_new):
+            out[sid] = logits[start:start + n]
+            self.seqs[sid].tokens.extend(new_tokens[sid])
+            start += n
+        return out
+
+
+def check_mixed_batch(model: torch.nn.Module, hf: transformers.PreTrainedModel,
+                      atol: float = 2e-4, device: str = "cpu", seed: int = 0) -> None:
+    """Chunked prefill, prefill next to decode, decode batches and a prefix-cache hit, each
+    step's logits checked against HF's full-sequence logits at the same positions."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    full = {s: torch.randint(0, vocab, (n,), generator=g).tolist()
+            for s, n in (("a", 14), ("b", 17), ("c", 9))}
+    full["d"] = full["a"][:8] + torch.randint(0, vocab, (5,), generator=g).tolist()
+    ref = {s: hf_logits(hf, toks) for s, toks in full.items()}
+    runner = PagedRunner(model, device=device, seed=seed)
+    schedule = [
+        {"a": (0, 11), "b": (0, 6)},  # a: whole prompt; b: first chunk
+        {"a": (11, 12), "b": (6, 14), "c": (0, 6)},  # decode next to a chunk and a prefill
+        {"a": (12, 13), "b": (14, 15), "c": (6, 7)},  # all decode
+        {"a": (13, 14), "b": (15, 16), "c": (7, 8), "d": (8, 12)},  # d hits a's first 2 blocks
+        {"b": (16, 17), "c": (8, 9), "d": (12, 13)},
+    ]
+    for step_no, step in enumerate(schedule):
+        if "d" in step and "d" not in runner.seqs:
+            runner.share_prefix("d", "a", 2)
+        out = runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()})
+        for s, (lo, hi) in step.items():
+            torch.testing.assert_close(out[s], ref[s][lo:hi], atol=atol, rtol=1e-4,
+                                       msg=lambda m: f"step {step_no}, seq {s}: {m}")
+
+
+def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedModel,
+                         length: int = 21, atol: float = 2e-4, device: str = "cpu") -> None:
+    """One prompt in one step: logits at every position equal HF's."""
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.config.vocab_size, (length,), generator=g).tolist()
+    out = PagedRunner(model, device=device).step({"x": tokens})["x"]
+    torch.testing.assert_close(out, hf_logits(hf, tokens), atol=atol, rtol=1e-4)

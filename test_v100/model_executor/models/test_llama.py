@@ -1,0 +1,61 @@
+"""Llama / Mistral vs transformers on random weights, through the paged KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def _configs() -> dict[str, transformers.PretrainedConfig]:
+    return {
+        # Llama 3.x: GQA + llama3 rope scaling whose bands fall inside the tested positions.
+        "llama3": transformers.LlamaConfig(**TINY, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE),
+        # SmolLM2-like: tied embeddings, MHA, head_dim given explicitly; saved sharded.
+        "tied": transformers.LlamaConfig(**{**TINY, "num_key_value_heads": 4}, head_dim=16,
+                                         tie_word_embeddings=True),
+        "mistral": transformers.MistralConfig(**TINY, sliding_window=4096),
+    }
+
+
+@pytest.fixture(scope="module", params=["llama3", "tied", "mistral"])
+def models(request, tmp_path_factory):
+    name = request.param
+    folder = tmp_path_factory.mktemp(name)
+    shard = "40KB" if name == "tied" else None
+    hf = save_random_hf_model(_configs()[name], folder, max_shard_size=shard)
+    if name == "tied":
+        assert (folder / "model.safetensors.index.json").exists()
+    return hf, load_ours(folder)
+
+
+def test_model_class(models):
+    hf, ours = models
+    expected = {"LlamaForCausalLM": "LlamaForCausalLM", "MistralForCausalLM": "MistralForCausalLM"}
+    assert type(ours).__name__ == expected[hf.config.architectures[0]]
+    if hf.config.tie_word_embeddings:
+        assert ours.lm_head.weight is ours.model.embed_tokens.weight
+
+
+def test_single_prefill_matches_transformers(models):
+    hf, ours = models
+    check_single_prefill(ours, hf)
+
+
+def test_mixed_batch_matches_transformers(models):
+    hf, ours = models
+    check_mixed_batch(ours, hf)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mixed_batch_on_gpu(models, tmp_path):
+    hf, _ = models
+    hf.save_pretrained(tmp_path)
+    ours = load_ours(tmp_path, device="cuda")
+    check_mixed_batch(ours, hf, device="cuda", atol=1e-3)
