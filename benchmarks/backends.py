@@ -15,18 +15,15 @@ from benchmarks.cli_args import engine_kwargs
 from benchmarks.utils import default_device, parse_dtype
 
 
-def standalone_hf_dtype(dtype_flag: str, hf_config: Any, device: torch.device) -> torch.dtype:
-    """--dtype for a transformers-only run: 'auto' = the config's dtype (fp32 on CPU, fp16
-    instead of bf16 below SM80), as the engine would choose."""
-    if dtype_flag != "auto":
-        return parse_dtype(dtype_flag)
-    if device.type != "cuda":
-        return torch.float32
-    dtype = getattr(hf_config, "dtype", None) or torch.float16
-    dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
-    if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) < (8, 0):
-        return torch.float16
-    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float16
+def standalone_hf_dtype(dtype_flag: str, hf_config: Any) -> torch.dtype:
+    """--dtype for a transformers-only run, resolved by the platform exactly as the engine
+    resolves it ('auto' = the config's dtype, fp16 instead of bf16 below SM80, ...)."""
+    from vllm_volta.platforms import current_platform
+
+    config_dtype = getattr(hf_config, "dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = parse_dtype(config_dtype)
+    return current_platform.resolve_dtype(dtype_flag, config_dtype)
 
 
 def iter_runners(args: argparse.Namespace, hf_config: Any,
@@ -45,10 +42,9 @@ def iter_runners(args: argparse.Namespace, hf_config: Any,
     if args.backend == "hf" or args.compare_hf:
         from benchmarks.hf_reference import HFRunner
 
-        device = default_device()
         if dtype is None:
-            dtype = standalone_hf_dtype(args.dtype, hf_config, device)
-        runner = HFRunner(args.model, dtype=dtype, device=device, load_format=args.load_format,
+            dtype = standalone_hf_dtype(args.dtype, hf_config)
+        runner = HFRunner(args.model, dtype=dtype, device=default_device(), load_format=args.load_format,
                           seed=args.seed, batch_size=hf_batch_size,
                           temperature=args.temperature)
         try:

@@ -1,8 +1,8 @@
 """The Hugging Face ``transformers`` side of --compare-hf / --backend hf.
 
 Builds the same model shape in the same dtype on the same device, with random weights drawn
-the way a dummy load draws them (uniform in [-1e-3, 1e-3], seeded), or real weights when the
-engine loads real ones, and runs batched ``generate`` forced to exact output lengths.
+the way our dummy load draws them (uniform in [-1e-3, 1e-3], seeded; RMSNorm weights 1), or
+real weights when the engine loads real ones, and runs batched ``generate`` forced to exact output lengths.
 """
 from __future__ import annotations
 
@@ -19,12 +19,17 @@ DUMMY_LOW, DUMMY_HIGH = -1e-3, 1e-3
 
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Seeded uniform(-1e-3, 1e-3) for every floating-point parameter (vLLM's dummy range).
+    """Seeded uniform(-1e-3, 1e-3) for every weight, norm weights 1 - as our dummy loader does.
 
     Small weights keep fp16 activations finite, so sampling never meets inf/NaN logits.
     """
+    norms = {id(m.weight) for m in model.modules()
+             if type(m).__name__.endswith("RMSNorm") and isinstance(m.weight, torch.Tensor)}
     for name, param in model.named_parameters():
         if not param.dtype.is_floating_point:
+            continue
+        if id(param) in norms:
+            param.fill_(1.0)
             continue
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(name.encode()))

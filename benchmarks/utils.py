@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -91,11 +92,13 @@ def random_token_prompts(num_prompts: int, input_len: int, vocab_size: int,
 
 
 def summarize(values: Sequence[float], percentiles: Sequence[float] = (50, 90, 99),
-              *, scale: float = 1.0, suffix: str = "") -> dict[str, float]:
-    """mean / median / std / pN of ``values`` x ``scale``; keys get ``suffix`` appended."""
+              *, scale: float = 1.0, name: str = "") -> dict[str, float]:
+    """mean / median / std / pN of ``values`` x ``scale``, keyed ``mean_<name>``, ``p99_<name>``
+    (just ``mean``, ``p99`` without a name), as vLLM's benchmarks name them."""
     if len(values) == 0:
         raise ValueError("cannot summarize an empty list of measurements")
     arr = np.asarray(values, dtype=np.float64) * scale
+    suffix = f"_{name}" if name else ""
     out = {
         f"mean{suffix}": float(arr.mean()),
         f"median{suffix}": float(np.median(arr)),
@@ -195,14 +198,25 @@ def ratio(ours: float, theirs: float) -> float | None:
     return ours / theirs if theirs > 0 else None
 
 
+def _finite(obj: Any) -> Any:
+    """JSON has no inf/NaN: write them as strings ("inf" request rate stays readable)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def run_and_emit(run: Callable[[], dict[str, Any]], output_json: str | None) -> dict[str, Any]:
     """Run a benchmark with stdout diverted to stderr, then print its one JSON document.
 
     Libraries sometimes print to stdout; diverting keeps stdout parseable as one document.
     """
     with contextlib.redirect_stdout(sys.stderr):
-        result = run()
-    text = json.dumps(result, indent=2)
+        result = _finite(run())
+    text = json.dumps(result, indent=2, allow_nan=False)
     print(text, flush=True)
     if output_json:
         Path(output_json).write_text(text + "\n")

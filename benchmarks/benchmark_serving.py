@@ -1,0 +1,166 @@
+"""Online serving: random token-id prompts streamed through our OpenAI completions endpoint.
+
+    python benchmarks/benchmark_serving.py --config qwen2.5-1.5b --num-prompts 500 \\
+        --input-len 512 --output-len 256 --request-rate 16 --ignore-eos
+
+Without --base-url it starts ``vllm-volta serve`` itself (engine flags as for the offline
+benchmarks) and stops it at the end; with --base-url it uses a running server. Requests arrive
+as a Poisson process at --request-rate (inf = all at once), optionally capped at
+--max-concurrency in flight. Prints one JSON document with vLLM's serving fields (TTFT, TPOT,
+ITL, E2E latency: mean, median, std, pN; request and token throughput).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from benchmarks.cli_args import (add_model_args, check_positive, engine_kwargs,  # noqa: E402
+                                 finalize_model_args)
+from benchmarks.serving_client import (RequestResult, request_arrivals,  # noqa: E402
+                                       send_completion, serving_metrics)
+from benchmarks.server_launcher import launched_server, server_flags  # noqa: E402
+from benchmarks.utils import device_info, log, random_token_prompts, run_and_emit  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(parser)
+    parser.add_argument("--base-url", default=None,
+                        help="a running server (http://host:port); default: start one")
+    parser.add_argument("--endpoint", default="/v1/completions")
+    parser.add_argument("--served-model-name", default=None,
+                        help="model name in requests (default: the server's first model)")
+    parser.add_argument("--num-prompts", type=int, default=1000)
+    parser.add_argument("--input-len", "--random-input-len", dest="input_len", type=int,
+                        default=1024)
+    parser.add_argument("--output-len", "--random-output-len", dest="output_len", type=int,
+                        default=128)
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="prompt token ids are drawn below this (default: the config's)")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests per second, Poisson arrivals; inf = all at once")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of the arrival intervals (1 = Poisson)")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="generate exactly --output-len tokens per request")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--metric-percentiles", default="50,90,99")
+    parser.add_argument("--server-timeout", type=float, default=1200.0,
+                        help="seconds to wait for a started server to become healthy")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra flag for the started server (repeatable), e.g. "
+                             "--server-arg=--enable-prefix-caching")
+    parser.add_argument("--output-json", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    check_positive(args, "num_prompts", "input_len", "output_len", "max_concurrency",
+                   "vocab_size")
+    if not args.request_rate > 0:
+        raise ValueError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
+    if not args.burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    args.metric_percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    if args.base_url is None or args.model or args.config:
+        finalize_model_args(args)
+    elif args.vocab_size is None:
+        raise ValueError("--vocab-size is required with --base-url when neither --model nor "
+                         "--config names the model")
+    return args
+
+
+def _vocab_size(args: argparse.Namespace) -> int:
+    if args.vocab_size is not None:
+        return args.vocab_size
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(args.model).vocab_size
+
+
+def _served_model(base_url: str, name: str | None) -> str:
+    if name:
+        return name
+    models = httpx.get(f"{base_url}/v1/models", timeout=30.0).raise_for_status().json()
+    return models["data"][0]["id"]
+
+
+async def _run_requests(url: str, payloads: list[dict[str, Any]],
+                        args: argparse.Namespace) -> tuple[list[RequestResult], float]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        # One request first: checks the endpoint and warms the server; not measured.
+        probe = await send_completion(client, url, {**payloads[0], "max_tokens": 4})
+        if not probe.success:
+            raise RuntimeError(f"initial test request to {url} failed: {probe.error}")
+        sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+
+        async def one(payload: dict[str, Any]) -> RequestResult:
+            if sem is None:
+                return await send_completion(client, url, payload)
+            async with sem:
+                return await send_completion(client, url, payload)
+
+        tasks = []
+        start = time.perf_counter()
+        async for i in request_arrivals(len(payloads), args.request_rate, args.burstiness,
+                                        args.seed):
+            tasks.append(asyncio.create_task(one(payloads[i])))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    model_name = _served_model(base_url, args.served_model_name)
+    prompts = random_token_prompts(args.num_prompts, args.input_len, _vocab_size(args),
+                                   args.seed)
+    payloads = [{"model": model_name, "prompt": p, "max_tokens": args.output_len,
+                 "temperature": args.temperature, "stream": True,
+                 "stream_options": {"include_usage": True}} for p in prompts]
+    if args.ignore_eos:  # vLLM's extension of the completions request
+        for payload in payloads:
+            payload["ignore_eos"] = True
+    log(f"{args.num_prompts} requests at rate {args.request_rate}, max concurrency "
+        f"{args.max_concurrency}, to {base_url}{args.endpoint}")
+    results, duration = asyncio.run(_run_requests(base_url + args.endpoint, payloads, args))
+    metrics = serving_metrics(results, duration, args.metric_percentiles)
+    if metrics["completed"] == 0:
+        raise RuntimeError(f"every request failed; first error: {results[0].error}")
+    errors = sorted({r.error for r in results if not r.success})
+    log(f"completed {metrics['completed']}/{len(results)} in {duration:.2f} s, "
+        f"{metrics['output_throughput']:.1f} output tok/s")
+    return {"benchmark": "serving", "base_url": base_url, "served_model_name": model_name,
+            "num_prompts": args.num_prompts, "input_len": args.input_len,
+            "output_len": args.output_len, "request_rate": args.request_rate,
+            "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+            **metrics, "errors": errors[:5]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.base_url is not None:
+        result = benchmark(args.base_url.rstrip("/"), args)
+    else:
+        flags = server_flags(engine_kwargs(args)) + list(args.server_arg)
+        with launched_server(args.model, flags, args.server_timeout) as base_url:
+            result = benchmark(base_url, args)
+    result["device"] = device_info()
+    result["args"] = vars(args)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return run_and_emit(lambda: run(args), args.output_json)
+
+
+if __name__ == "__main__":
+    main()

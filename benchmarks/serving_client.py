@@ -1,0 +1,133 @@
+"""Streaming OpenAI completions client and the serving metrics computed from it.
+
+One request = one streamed ``/v1/completions`` call; each server-sent chunk that carries
+text or token ids is a token arrival. TTFT is the time to the first one, ITL the gaps between them, TPOT
+(e2e - TTFT) / (output tokens - 1), as in vLLM's serving benchmark.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+import httpx
+import numpy as np
+
+from benchmarks.utils import summarize
+
+
+@dataclass
+class RequestResult:
+    """What one streamed request measured (times in seconds)."""
+
+    prompt_len: int
+    success: bool = False
+    error: str = ""
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+
+
+def _tokens_in_chunk(choice: dict[str, Any]) -> int:
+    """Tokens a chunk delivers: its token ids when reported, else 1 if it carries text.
+
+    A chunk with neither (e.g. a closing chunk holding only finish_reason) is no arrival.
+    """
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
+async def send_completion(client: httpx.AsyncClient, url: str,
+                          payload: dict[str, Any]) -> RequestResult:
+    """Send one streaming completion and time every chunk as it arrives."""
+    result = RequestResult(prompt_len=len(payload["prompt"]))
+    start = last = time.perf_counter()
+    counted = 0
+    usage_tokens = None
+    try:
+        async with client.stream("POST", url, json=payload) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                result.error = f"HTTP {resp.status_code}: {body[:500]}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
+                choices = chunk.get("choices") or []
+                tokens = _tokens_in_chunk(choices[0]) if choices else 0
+                if tokens == 0:
+                    continue
+                if counted == 0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                counted += tokens
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.latency = time.perf_counter() - start
+    result.output_tokens = usage_tokens if usage_tokens is not None else counted
+    result.success = counted > 0
+    if not result.success:
+        result.error = "stream ended without any completion chunk"
+    return result
+
+
+async def request_arrivals(num_requests: int, request_rate: float, burstiness: float,
+                           seed: int) -> AsyncIterator[int]:
+    """Yield request indices at Poisson (burstiness 1) or gamma-distributed intervals.
+
+    ``request_rate`` inf sends everything at once.
+    """
+    rng = np.random.default_rng(seed)
+    for i in range(num_requests):
+        yield i
+        if math.isinf(request_rate) or i == num_requests - 1:
+            continue
+        # Gamma(shape=burstiness, scale=1/(rate*burstiness)) has mean 1/rate.
+        await asyncio.sleep(rng.gamma(burstiness, 1.0 / (request_rate * burstiness)))
+
+
+def serving_metrics(results: Sequence[RequestResult], duration: float,
+                    percentiles: Sequence[float]) -> dict[str, Any]:
+    """vLLM's serving fields: throughputs plus mean/median/std/pN of ttft, tpot, itl, e2el (ms)."""
+    ok = [r for r in results if r.success]
+    total_in = sum(r.prompt_len for r in ok)
+    total_out = sum(r.output_tokens for r in ok)
+    out: dict[str, Any] = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+    }
+    series = {
+        "ttft_ms": [r.ttft for r in ok],
+        "tpot_ms": [(r.latency - r.ttft) / (r.output_tokens - 1)
+                    for r in ok if r.output_tokens > 1],
+        "itl_ms": [gap for r in ok for gap in r.itl],
+        "e2el_ms": [r.latency for r in ok],
+    }
+    for name, values in series.items():
+        if values:
+            out.update(summarize(values, percentiles, scale=1e3, name=name))
+        else:  # e.g. ITL when every request produced one token
+            out.update({k: None for k in summarize([0.0], percentiles, name=name)})
+    return out

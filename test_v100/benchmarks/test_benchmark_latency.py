@@ -1,0 +1,80 @@
+"""benchmarks/benchmark_latency.py on the tiny config: latency stats, decode time, roofline."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from benchmarks import benchmark_latency
+from benchmarks.utils import CONFIGS_DIR, weight_bytes_per_token
+
+TINY = ["--config", "tiny-llama", "--batch-size", "2", "--input-len", "8", "--output-len", "4",
+        "--num-iters", "3", "--num-iters-warmup", "1"]
+
+
+def check_latency(res: dict, num_iters: int, output_len: int) -> None:
+    lat = res["latencies"]
+    assert len(lat) == num_iters and all(x > 0 for x in lat)
+    assert res["avg_latency"] == pytest.approx(statistics.fmean(lat))
+    assert res["p50_latency"] == pytest.approx(statistics.median(lat))
+    pcts = [res["percentiles"][k] for k in ("10", "25", "50", "75", "90", "99")]
+    assert pcts == sorted(pcts) and min(lat) <= pcts[0] and pcts[-1] <= max(lat)
+    assert res["p90_latency"] == res["percentiles"]["90"]
+    assert res["p99_latency"] == res["percentiles"]["99"]
+    assert res["prefill_latency_p50"] > 0
+    expected = max(res["p50_latency"] - res["prefill_latency_p50"], 0) / (output_len - 1)
+    assert res["decode_time_per_token"] == pytest.approx(expected)
+
+
+def test_hf_backend_with_roofline(capsys):
+    result = benchmark_latency.main([*TINY, "--backend", "hf", "--roofline",
+                                     "--copy-bytes", str(8 << 20)])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["benchmark"] == "latency" and list(result["results"]) == ["hf"]
+    check_latency(result, 3, 4)
+    hf = result["results"]["hf"]
+    roof = result["roofline"]
+    cfg = AutoConfig.from_pretrained(CONFIGS_DIR / "tiny-llama")
+    expected_bytes = weight_bytes_per_token(cfg, torch.float32)["weight_bytes_per_token"]
+    assert roof["weight_bytes_per_token"] == expected_bytes
+    assert roof["copy_bandwidth_bytes_per_s"] > 0
+    if hf["decode_time_per_token"] > 0:
+        achieved = expected_bytes / hf["decode_time_per_token"]
+        assert roof["achieved_bandwidth_bytes_per_s"] == pytest.approx(achieved)
+        assert roof["fraction_of_roofline"] == pytest.approx(
+            achieved / roof["copy_bandwidth_bytes_per_s"])
+        assert hf["decode_tokens_per_second"] == pytest.approx(2 / hf["decode_time_per_token"])
+
+
+def test_prompts_are_fresh_per_iteration_and_shared_by_backends():
+    args = benchmark_latency.parse_args(TINY)
+    prompts = benchmark_latency._Prompts(args, vocab_size=512)
+    first = [prompts.next() for _ in range(3)]
+    assert first[0] != first[1] != first[2]
+    prompts.reset()
+    assert [prompts.next() for _ in range(3)] == first
+
+
+@pytest.mark.parametrize("argv,field", [(["--num-iters", "0"], "--num-iters"),
+                                        (["--batch-size", "0"], "--batch-size"),
+                                        (["--num-iters-warmup", "-1"], "--num-iters-warmup")])
+def test_rejects_bad_counts(argv, field):
+    with pytest.raises(ValueError, match=field):
+        benchmark_latency.parse_args([*TINY, *argv])
+
+
+def test_engine_against_hf(capsys):
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    result = benchmark_latency.main([*TINY, "--compare-hf", "--roofline",
+                                     "--copy-bytes", str(8 << 20)])
+    assert json.loads(capsys.readouterr().out) == result
+    assert list(result["results"]) == ["vllm-volta", "hf"]
+    ours, hf = result["results"]["vllm-volta"], result["results"]["hf"]
+    check_latency(ours, 3, 4)
+    check_latency(hf, 3, 4)
+    assert result["speedup_vs_hf"]["p50_latency"] == pytest.approx(
+        hf["p50_latency"] / ours["p50_latency"])
+    assert result["roofline"]["fraction_of_roofline"] == ours["roofline"]["fraction_of_roofline"]

@@ -1,0 +1,77 @@
+"""benchmarks/benchmark_throughput.py on the tiny config: JSON schema and consistent numbers."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import benchmark_throughput
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--config", "tiny-llama", "--input-len", "12", "--output-len", "5", "--num-prompts", "6"]
+METRICS = ("elapsed_time", "num_requests", "total_prompt_tokens", "total_output_tokens",
+           "total_num_tokens", "requests_per_second", "output_tokens_per_second",
+           "tokens_per_second")
+
+
+def check_metrics(res: dict, num_prompts: int, input_len: int, output_len: int) -> None:
+    """Counts are exact; rates are those counts over the elapsed time."""
+    assert set(METRICS) <= set(res)
+    assert res["num_requests"] == num_prompts
+    assert res["total_prompt_tokens"] == num_prompts * input_len
+    assert res["total_output_tokens"] == num_prompts * output_len
+    assert res["total_num_tokens"] == num_prompts * (input_len + output_len)
+    assert res["elapsed_time"] > 0
+    t = res["elapsed_time"]
+    assert res["requests_per_second"] == pytest.approx(num_prompts / t)
+    assert res["output_tokens_per_second"] == pytest.approx(num_prompts * output_len / t)
+    assert res["tokens_per_second"] == pytest.approx(res["total_num_tokens"] / t)
+
+
+def test_hf_backend(capsys):
+    result = benchmark_throughput.main([*TINY, "--backend", "hf", "--hf-batch-size", "4"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["benchmark"] == "throughput" and result["backend"] == "hf"
+    assert list(result["results"]) == ["hf"]
+    check_metrics(result, 6, 12, 5)
+    check_metrics(result["results"]["hf"], 6, 12, 5)
+    assert result["results"]["hf"]["dtype"] == "float32"  # CPU 'auto'
+    assert "ratio_vs_hf" not in result
+
+
+def test_script_prints_one_json_document(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/benchmark_throughput.py", *TINY, "--backend", "hf",
+         "--dtype", "half", "--output-json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(proc.stdout)  # the whole of stdout is one document
+    assert json.loads(out.read_text()) == result
+    assert result["dtype"] == "float16"
+    assert "[bench]" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,field", [(["--num-prompts", "0"], "--num-prompts"),
+                                        (["--hf-batch-size", "0"], "--hf-batch-size"),
+                                        (["--output-len", "-1"], "--output-len")])
+def test_rejects_bad_counts(argv, field):
+    with pytest.raises(ValueError, match=field):
+        benchmark_throughput.parse_args([*TINY, *argv])
+
+
+def test_engine_against_hf(capsys):
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    result = benchmark_throughput.main([*TINY, "--compare-hf", "--hf-batch-size", "3",
+                                        "--max-num-seqs", "4"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert list(result["results"]) == ["vllm-volta", "hf"]
+    ours, hf = result["results"]["vllm-volta"], result["results"]["hf"]
+    check_metrics(result, 6, 12, 5)
+    check_metrics(ours, 6, 12, 5)
+    check_metrics(hf, 6, 12, 5)
+    assert ours["dtype"] == hf["dtype"]  # the reference runs in the dtype the engine chose
+    for key, value in result["ratio_vs_hf"].items():
+        assert value == pytest.approx(ours[key] / hf[key])
