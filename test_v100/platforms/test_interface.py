@@ -77,6 +77,8 @@ def test_capability_predicates_reject_bad_argument(clean_env):
         CudaPlatform().has_device_capability("7.0")
     with pytest.raises(ValueError, match="capability must be"):
         CudaPlatform().is_device_capability(-70)
+    with pytest.raises(ValueError, match="capability must be"):
+        CudaPlatform().has_device_capability((7, 0, 1))
 
 
 def test_cpu_has_no_capability():

@@ -65,7 +65,7 @@ def resolve_capability_override() -> DeviceCapability | None:
 def _capability_int(capability: tuple[int, int] | int | DeviceCapability) -> int:
     if isinstance(capability, DeviceCapability):
         return capability.to_int()
-    if isinstance(capability, tuple):
+    if isinstance(capability, tuple) and len(capability) == 2:
         return DeviceCapability(*capability).to_int()
     if isinstance(capability, int) and not isinstance(capability, bool) and capability >= 0:
         return capability
