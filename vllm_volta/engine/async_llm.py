@@ -168,6 +168,8 @@ class AsyncLLM:
         self._shutdown = True
         self._commands.put((_STOP,))
         self._thread.join(timeout)
+        if not self._thread.is_alive() and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
 
     # ------------------------------------------------------------- engine thread
     def _read_stats(self) -> Any:

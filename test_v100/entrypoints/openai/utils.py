@@ -73,7 +73,7 @@ class RemoteServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm_volta_server_{self.port}.log"
-        full_env = {**os.environ, "VLLM_VOLTA_CPU_KVCACHE_SPACE": "0.0625", **(env or {})}
+        full_env = {**os.environ, **(env or {})}
         cmd = [sys.executable, "-m", "vllm_volta.entrypoints.openai.api_server",
                "--host", "127.0.0.1", "--port", str(self.port),
                "--uvicorn-log-level", "warning", *args]
@@ -148,3 +148,25 @@ def metric(text: str, name: str) -> float:
         if key == name or key.startswith(name + "{"):
             return value
     raise KeyError(name)
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy continuation by transformers (ignoring EOS), the reference for the server."""
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=model.config.pad_token_id)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_logprobs(model, prompt_ids: list[int], gen_ids: list[int]) -> list[list[float]]:
+    """Log-softmax rows predicting each generated token (and each prompt token after the
+    first): row i holds the distribution over the vocab for position i + 1."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + gen_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)[:-1].tolist()

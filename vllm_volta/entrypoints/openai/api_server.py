@@ -67,25 +67,24 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _model_limits(engine: AsyncLLM, max_logprobs: int | None) -> dict[str, int]:
+def _model_limits(engine: AsyncLLM) -> dict[str, int]:
     cfg = engine.model_config
     get_vocab = getattr(cfg, "get_vocab_size", None)
     vocab = get_vocab() if get_vocab else cfg.hf_config.vocab_size
     return {"max_model_len": int(cfg.max_model_len), "vocab_size": int(vocab),
-            "max_logprobs": int(max_logprobs or getattr(cfg, "max_logprobs", MAX_LOGPROBS))}
+            "max_logprobs": int(getattr(cfg, "max_logprobs", MAX_LOGPROBS))}
 
 
 def served_names(args: argparse.Namespace, engine: AsyncLLM) -> list[str]:
-    if args.served_model_name:
-        return list(args.served_model_name)
     cfg = engine.model_config
-    return [str(getattr(cfg, "served_model_name", None) or cfg.model)]
+    return [str(getattr(args, "served_model_name", None)
+                or getattr(cfg, "served_model_name", None) or cfg.model)]
 
 
 def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     """The FastAPI app serving ``engine`` under the names and options in ``args``."""
     names = served_names(args, engine)
-    limits = _model_limits(engine, args.max_logprobs)
+    limits = _model_limits(engine)
     chat_template = load_chat_template(args.chat_template)
     completions = OpenAIServingCompletion(engine, names, **limits)
     tokenization = OpenAIServingTokenization(engine, names, chat_template=chat_template,

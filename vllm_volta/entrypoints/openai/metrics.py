@@ -117,12 +117,20 @@ class ServerMetrics:
             )
             for name, doc, attr in gauges:
                 lines += _sample(name, "gauge", doc, getattr(stats, attr, 0), labels)
-            lines += _sample("vllm:prompt_tokens_total", "counter",
-                             "Number of prefill tokens processed.",
-                             getattr(stats, "prompt_tokens_total", 0), labels)
-            lines += _sample("vllm:generation_tokens_total", "counter",
-                             "Number of generation tokens processed.",
-                             getattr(stats, "generation_tokens_total", 0), labels)
+            counters = (
+                ("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+                 "prompt_tokens_total"),
+                ("vllm:generation_tokens_total", "Number of generation tokens processed.",
+                 "generation_tokens_total"),
+                ("vllm:num_preemptions_total", "Cumulative number of preemptions.",
+                 "num_preemptions_total"),
+                ("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix "
+                 "cache.", "prefix_cache_queries_total"),
+                ("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+                 "prefix_cache_hits_total"),
+            )
+            for name, doc, attr in counters:
+                lines += _sample(name, "counter", doc, getattr(stats, attr, 0), labels)
         with self._lock:
             finished = dict(self._finished)
         lines += ["# HELP vllm:request_success_total Count of successfully processed requests.",

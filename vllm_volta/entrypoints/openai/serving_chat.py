@@ -13,6 +13,7 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_completion import sse, usage_dict
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id)
+from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -26,19 +27,15 @@ class OpenAIServingChat(OpenAIServing):
                     continue_final_message: bool = False, chat_template: str | None = None,
                     template_kwargs: dict[str, Any] | None = None) -> str:
         """The prompt text for a conversation (request template > --chat-template > model's)."""
-        template = chat_template or self.chat_template
-        if template is None and not getattr(self.tokenizer, "chat_template", None):
-            raise OpenAIError("The model has no chat template; start the server with "
-                              "--chat-template or pass chat_template", 400, "messages")
-        if continue_final_message and add_generation_prompt:
-            add_generation_prompt = False  # vLLM: continuing a message means no new turn
+        if continue_final_message:
+            add_generation_prompt = False  # continuing a message means no new turn
         conversation = [{"role": m.role, "content": m.text()} for m in messages]
         try:
-            return self.tokenizer.apply_chat_template(
-                conversation, chat_template=template, tokenize=False,
+            return apply_chat_template(
+                self.tokenizer, conversation, chat_template=chat_template or self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, **(template_kwargs or {}))
-        except Exception as exc:  # jinja errors (e.g. roles must alternate) are user input
+        except Exception as exc:  # no template, jinja errors (roles must alternate): input
             raise OpenAIError(f"Chat template failed: {exc}", 400, "messages") from exc
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
