@@ -24,6 +24,16 @@ def copy_weight(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
+def take_shard(loaded_weight: torch.Tensor, dim: int, index: int, size: int,
+               total: int) -> torch.Tensor:
+    """Slice ``index`` (of length ``size``) along ``dim`` of a checkpoint tensor whose ``dim``
+    must be ``total`` long."""
+    if loaded_weight.dim() <= dim or loaded_weight.shape[dim] != total:
+        raise ValueError(f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, "
+                         f"expected size {total} in dimension {dim}")
+    return loaded_weight.narrow(dim, index * size, size)
+
+
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     """Load a replicated (unsharded) parameter."""
     copy_weight(param.data, loaded_weight)
@@ -85,7 +95,8 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         size = param.shape[0]
-        copy_weight(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+        copy_weight(param.data, take_shard(loaded_weight, 0, self.tp_rank, size,
+                                           size * self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
@@ -115,7 +126,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         size = self.output_sizes[loaded_shard_id] // self.tp_size
         offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
         copy_weight(param.data.narrow(0, offset, size),
-                    loaded_weight.narrow(0, self.tp_rank * size, size))
+                    take_shard(loaded_weight, 0, self.tp_rank, size,
+                               self.output_sizes[loaded_shard_id]))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -158,13 +170,15 @@ class QKVParallelLinear(ColumnParallelLinear):
             return
         if loaded_shard_id == "q":
             offset, size, shard_rank = 0, self.q_size, self.tp_rank
+            total = self.total_num_heads * self.head_size
         elif loaded_shard_id in ("k", "v"):
             offset = self.q_size + (self.kv_size if loaded_shard_id == "v" else 0)
             size, shard_rank = self.kv_size, self.tp_rank // self.num_kv_head_replicas
+            total = self.total_num_kv_heads * self.head_size
         else:
             raise ValueError(f"loaded_shard_id must be 'q', 'k' or 'v', got {loaded_shard_id!r}")
         copy_weight(param.data.narrow(0, offset, size),
-                    loaded_weight.narrow(0, shard_rank * size, size))
+                    take_shard(loaded_weight, 0, shard_rank, size, total))
 
 
 class RowParallelLinear(LinearBase):
@@ -183,7 +197,8 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         size = param.shape[1]
-        copy_weight(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+        copy_weight(param.data, take_shard(loaded_weight, 1, self.tp_rank, size,
+                                           size * self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -1,0 +1,88 @@
+"""RoPE vs transformers (default, linear, llama3), GPT-J style vs complex rotation."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
+
+SCALINGS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+def test_neox_matches_transformers(scaling):
+    heads, kv_heads, d = 4, 2, 32
+    config = LlamaConfig(hidden_size=heads * d, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         rope_theta=50000.0, rope_scaling=SCALINGS[scaling])
+    theta, rope_scaling = rope_params_from_config(config)
+    assert theta == 50000.0
+    rope = get_rope(d, d, config.max_position_embeddings, theta, True, rope_scaling)
+    torch.manual_seed(0)
+    positions = torch.tensor([0, 3, 17, 100, 511, 250])
+    q, k = torch.randn(6, heads * d), torch.randn(6, kv_heads * d)
+    q_out, k_out = rope(positions, q, k)
+
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    q_ref, k_ref = apply_rotary_pos_emb(q.view(1, 6, heads, d).transpose(1, 2),
+                                        k.view(1, 6, kv_heads, d).transpose(1, 2), cos, sin)
+    torch.testing.assert_close(q_out, q_ref.transpose(1, 2).reshape(6, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref.transpose(1, 2).reshape(6, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_gptj_style_is_complex_rotation():
+    d, base = 8, 10000.0
+    rope = get_rope(d, d, 64, base, is_neox_style=False)
+    x = torch.randn(5, 2 * d)
+    positions = torch.tensor([0, 1, 7, 30, 63])
+    out, _ = rope(positions, x, None)
+    inv_freq = base ** (-torch.arange(0, d, 2).double() / d)
+    angle = positions.double()[:, None, None] * inv_freq  # [T, 1, d/2]
+    pairs = torch.view_as_complex(x.double().view(5, 2, d // 2, 2).contiguous())
+    ref = torch.view_as_real(pairs * torch.polar(torch.ones_like(angle), angle)).reshape(5, -1)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_partial_rotary_dim_keeps_the_rest():
+    full = get_rope(8, 8, 32, 10000.0)
+    partial = get_rope(16, 8, 32, 10000.0)
+    x = torch.randn(3, 2 * 16)
+    positions = torch.tensor([1, 5, 9])
+    out, _ = partial(positions, x, None)
+    heads_in, heads_out = x.view(3, 2, 16), out.view(3, 2, 16)
+    assert torch.equal(heads_out[..., 8:], heads_in[..., 8:])
+    ref, _ = full(positions, heads_in[..., :8].reshape(3, 16))
+    torch.testing.assert_close(heads_out[..., :8].reshape(3, 16), ref)
+
+
+def test_fp16_input_keeps_dtype():
+    rope = get_rope(16, 16, 32, 10000.0)
+    q = torch.randn(2, 32).half()
+    out, k = rope(torch.tensor([3, 4]), q, q)
+    assert out.dtype == torch.float16 and k.dtype == torch.float16
+    ref, _ = rope(torch.tensor([3, 4]), q.float(), None)
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_config_styles_and_errors():
+    v4 = SimpleNamespace(rope_theta=1e6, rope_scaling={"type": "linear", "factor": 2.0})
+    assert rope_params_from_config(v4) == (1e6, {"type": "linear", "factor": 2.0})
+    assert rope_params_from_config(SimpleNamespace()) == (10000.0, None)
+    v5_default = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 5.0})
+    assert rope_params_from_config(v5_default) == (5.0, None)
+    assert get_rope(8, 8, 16, 1e4, True, {"type": "linear", "factor": 2.0}).cos_sin_cache.shape \
+        == (32, 8)
+    with pytest.raises(ValueError, match="not supported; supported: default, linear, llama3"):
+        get_rope(8, 8, 16, 1e4, True, {"rope_type": "su"})
+    with pytest.raises(ValueError, match="rotary_dim"):
+        get_rope(8, 10, 16, 1e4)
