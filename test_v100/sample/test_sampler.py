@@ -12,13 +12,15 @@ from vllm_volta.sample import Sampler, SamplingMetadata, make_generator
 from vllm_volta.sampling_params import SamplingParams
 
 sampler = Sampler()
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, _CUDA])]
 
 
-def _run(logits, params, outputs=None, prompts=None, generators=None):
+def _run(logits, params, outputs=None, prompts=None, generators=None, device="cpu"):
     outputs = outputs if outputs is not None else [[] for _ in params]
     meta = SamplingMetadata.build(params, output_token_ids=outputs, prompt_token_ids=prompts,
-                                  generators=generators)
-    return sampler(logits, meta)
+                                  generators=generators, device=device)
+    return sampler(logits.to(device), meta)
 
 
 def test_greedy_is_argmax_and_keeps_input() -> None:
@@ -89,6 +91,7 @@ _CHI2_999 = {1: 10.8, 2: 13.8, 3: 16.3, 4: 18.5, 5: 20.5, 6: 22.5, 7: 24.3, 8: 2
              10: 29.6, 11: 31.3}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seeded", [False, True])
 @pytest.mark.parametrize("kwargs", [
     dict(temperature=1.0),
@@ -98,17 +101,17 @@ _CHI2_999 = {1: 10.8, 2: 13.8, 3: 16.3, 4: 18.5, 5: 20.5, 6: 22.5, 7: 24.3, 8: 2
     dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05, repetition_penalty=1.4,
          presence_penalty=0.3, frequency_penalty=0.2),
 ])
-def test_sampling_distribution_matches_reference(kwargs, seeded: bool) -> None:
+def test_sampling_distribution_matches_reference(kwargs, seeded: bool, device: str) -> None:
     torch.manual_seed(1234)
     vocab, n = 12, 6000
     base = torch.randn(vocab) * 1.5
     prompt, output = [0, 1, 3], [3, 5, 5]
     p = SamplingParams(seed=7 if seeded else None, **kwargs)
-    gens = [make_generator(1000 + i) for i in range(n)] if seeded else None
+    gens = [make_generator(1000 + i, device=device) for i in range(n)] if seeded else None
     out = _run(base.expand(n, vocab).contiguous(), [p] * n, outputs=[output] * n,
-               prompts=[prompt] * n, generators=gens)
+               prompts=[prompt] * n, generators=gens, device=device)
     probs = _reference_probs(base, p, prompt, output)
-    stat, dof, outside = _chi_square(out.sampled_token_ids, probs)
+    stat, dof, outside = _chi_square(out.sampled_token_ids.cpu(), probs)
     assert outside == 0, "sampled a token the filters removed"
     if dof == 0:
         return
@@ -120,26 +123,30 @@ def _step_logits(request: str, step: int, vocab: int) -> torch.Tensor:
     return torch.randn(vocab, generator=g)
 
 
-def _run_steps(order: list[str], params: dict[str, SamplingParams], steps: int = 6):
+def _run_steps(order: list[str], params: dict[str, SamplingParams], device: str,
+               steps: int = 6):
     vocab = 500
-    gens = {r: make_generator(params[r].seed) for r in order if params[r].seed is not None}
+    gens = {r: make_generator(params[r].seed, device=device)
+            for r in order if params[r].seed is not None}
     tokens: dict[str, list[int]] = {r: [] for r in order}
     for step in range(steps):
         logits = torch.stack([_step_logits(r, step, vocab) for r in order])
         rows = [params[r] for r in order]
         row_gens = {i: gens[r] for i, r in enumerate(order) if r in gens}
-        out = _run(logits, rows, outputs=[tokens[r] for r in order], generators=row_gens)
+        out = _run(logits, rows, outputs=[tokens[r] for r in order], generators=row_gens,
+                   device=device)
         for r, t in zip(order, out.sampled_token_ids.tolist()):
             tokens[r].append(t)
     return tokens
 
 
-def test_seeded_rows_reproducible_across_batch_composition() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_rows_reproducible_across_batch_composition(device: str) -> None:
     params = {"a": SamplingParams(seed=11, top_p=0.95), "b": SamplingParams(seed=22, top_k=50),
               "c": SamplingParams(), "d": SamplingParams(temperature=0)}
-    first = _run_steps(["a", "b", "c", "d"], params)
-    reordered = _run_steps(["d", "c", "b", "a"], params)
-    alone = _run_steps(["a"], params)
+    first = _run_steps(["a", "b", "c", "d"], params, device)
+    reordered = _run_steps(["d", "c", "b", "a"], params, device)
+    alone = _run_steps(["a"], params, device)
     assert first["a"] == reordered["a"] == alone["a"]
     assert first["b"] == reordered["b"]
     assert first["a"] != first["b"]
