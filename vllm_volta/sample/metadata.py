@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -84,68 +84,29 @@ class SamplingMetadata:
         params[i], output_token_ids[i] (generated so far, also the min_tokens count) and
         prompt_token_ids[i] (needed only for repetition_penalty) describe row i;
         generators gives the persistent generator of each seeded row (on `device`).
-        Scalars go to the device in one copy; the per-row loop only fills Python lists.
         """
         num_rows = len(params)
         if len(output_token_ids) != num_rows:
             raise ValueError(f"output_token_ids has {len(output_token_ids)} rows, "
                              f"expected {num_rows} (one per SamplingParams).")
-        if generators is None:
-            gen_map: dict[int, torch.Generator] = {}
-        elif isinstance(generators, Mapping):
-            gen_map = dict(generators)
-        else:
-            gen_map = {i: g for i, g in enumerate(generators) if g is not None}
-
-        scalars: list[list[float]] = [[], [], [], [], [], [], []]
-        temps, top_ps, min_ps, presences, frequencies, repetitions, greedy = scalars
-        top_ks: list[int] = []
-        row_generators: dict[int, torch.Generator] = {}
-        num_greedy = 0
-        max_num_logprobs: int | None = None
-        min_rows: list[int] = []
-        min_ids: list[int] = []
-        for i, p in enumerate(params):
-            kind = p.sampling_type
-            greedy.append(float(kind == SamplingType.GREEDY))
-            if kind == SamplingType.GREEDY:
-                num_greedy += 1
-                temps.append(1.0)
-            else:
-                temps.append(p.temperature)
-                if kind == SamplingType.RANDOM_SEED:
-                    if i not in gen_map:
-                        raise ValueError(f"row {i} has seed={p.seed} but no generator; the "
-                                         "engine must keep one per seeded sequence.")
-                    row_generators[i] = gen_map[i]
-            top_ps.append(p.top_p)
-            top_ks.append(p.top_k)
-            min_ps.append(p.min_p)
-            presences.append(p.presence_penalty)
-            frequencies.append(p.frequency_penalty)
-            repetitions.append(p.repetition_penalty)
-            if p.logprobs is not None:
-                max_num_logprobs = max(max_num_logprobs or 0, p.logprobs)
-            if p.min_tokens and len(output_token_ids[i]) < p.min_tokens:
-                stop_ids = p.all_stop_token_ids
-                min_rows.extend([i] * len(stop_ids))
-                min_ids.extend(stop_ids)
-
+        rows = _gather_rows(params, output_token_ids, _generator_map(generators))
         device = torch.device(device)
-        all_greedy = num_greedy == num_rows
-        all_random = num_greedy == 0
-        # One host->device copy for all float parameters.
-        table = torch.tensor(scalars, dtype=torch.float32).to(device, non_blocking=True)
-        temp_t, top_p_t, min_p_t, pres_t, freq_t, rep_t, greedy_t = table.unbind(0)
+        all_greedy = rows.num_greedy == num_rows
+        all_random = rows.num_greedy == 0
+        temps, top_ps, min_ps, presences, frequencies, repetitions, _ = rows.floats
         no_penalties = (not any(presences) and not any(frequencies)
                         and all(r == 1.0 for r in repetitions))
-        max_top_k = max(top_ks, default=0)
+        needs_table = not (all_greedy and no_penalties)
+        # One host->device copy for all float parameters (none on the plain greedy path).
+        table = (torch.tensor(rows.floats, dtype=torch.float32).to(device, non_blocking=True)
+                 if needs_table else torch.empty(7, 0, device=device))
+        temp_t, top_p_t, min_p_t, pres_t, freq_t, rep_t, greedy_t = table.unbind(0)
+        max_top_k = max(rows.top_ks, default=0)
 
-        def ids_tensor(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-            return torch.tensor(_pad(rows, -1), dtype=torch.int64).to(device)
+        def ids_tensor(id_rows: Sequence[Sequence[int]]) -> torch.Tensor:
+            return torch.tensor(_pad(id_rows, -1), dtype=torch.int64).to(device)
 
-        min_t = (torch.tensor([min_rows, min_ids], dtype=torch.int64).to(device)
-                 if min_rows else None)
+        min_t = ids_tensor([rows.min_rows, rows.min_ids]) if rows.min_rows else None
         prompt_t = output_t = None
         if not no_penalties:
             output_t = ids_tensor(output_token_ids)
@@ -160,12 +121,11 @@ class SamplingMetadata:
             all_greedy=all_greedy,
             all_random=all_random,
             top_p=None if all(v == 1.0 for v in top_ps) else top_p_t,
-            top_k=None if max_top_k == 0 else torch.tensor(top_ks, dtype=torch.int64,
-                                                           device=device),
+            top_k=None if max_top_k == 0 else ids_tensor([rows.top_ks])[0],
             max_top_k=max_top_k,
             min_p=None if not any(min_ps) else min_p_t,
-            generators=row_generators,
-            max_num_logprobs=max_num_logprobs,
+            generators=rows.generators,
+            max_num_logprobs=rows.max_num_logprobs,
             no_penalties=no_penalties,
             presence_penalties=None if no_penalties else pres_t,
             frequency_penalties=None if no_penalties else freq_t,
@@ -175,3 +135,56 @@ class SamplingMetadata:
             min_tokens_rows=None if min_t is None else min_t[0],
             min_tokens_token_ids=None if min_t is None else min_t[1],
         )
+
+
+def _generator_map(generators: Sequence[torch.Generator | None]
+                   | Mapping[int, torch.Generator] | None) -> dict[int, torch.Generator]:
+    if generators is None:
+        return {}
+    if isinstance(generators, Mapping):
+        return dict(generators)
+    return {i: g for i, g in enumerate(generators) if g is not None}
+
+
+@dataclass
+class _Rows:
+    """Per-row values gathered in one Python pass, turned into tensors afterwards."""
+
+    # temperature (1.0 for greedy), top_p, min_p, presence, frequency, repetition, is_greedy
+    floats: list[list[float]] = field(default_factory=lambda: [[] for _ in range(7)])
+    top_ks: list[int] = field(default_factory=list)
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    num_greedy: int = 0
+    max_num_logprobs: int | None = None
+    min_rows: list[int] = field(default_factory=list)  # (row, stop id) pairs to mask
+    min_ids: list[int] = field(default_factory=list)
+
+
+def _gather_rows(params: Sequence[SamplingParams], output_token_ids: Sequence[Sequence[int]],
+                 gen_map: dict[int, torch.Generator]) -> _Rows:
+    rows = _Rows()
+    temps, top_ps, min_ps, presences, frequencies, repetitions, greedy = rows.floats
+    for i, p in enumerate(params):
+        kind = p.sampling_type
+        is_greedy = kind == SamplingType.GREEDY
+        rows.num_greedy += is_greedy
+        greedy.append(float(is_greedy))
+        temps.append(1.0 if is_greedy else p.temperature)
+        if kind == SamplingType.RANDOM_SEED:
+            if i not in gen_map:
+                raise ValueError(f"row {i} has seed={p.seed} but no generator; the engine "
+                                 "must keep one per seeded sequence.")
+            rows.generators[i] = gen_map[i]
+        top_ps.append(p.top_p)
+        rows.top_ks.append(p.top_k)
+        min_ps.append(p.min_p)
+        presences.append(p.presence_penalty)
+        frequencies.append(p.frequency_penalty)
+        repetitions.append(p.repetition_penalty)
+        if p.logprobs is not None:
+            rows.max_num_logprobs = max(rows.max_num_logprobs or 0, p.logprobs)
+        if p.min_tokens and len(output_token_ids[i]) < p.min_tokens:
+            stop_ids = p.all_stop_token_ids
+            rows.min_rows.extend([i] * len(stop_ids))
+            rows.min_ids.extend(stop_ids)
+    return rows
