@@ -1,0 +1,216 @@
+"""LLMEngine end to end on CPU with tiny random-weight models, checked against transformers."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from test_v100.worker.tiny_models import ARCHS, hf_greedy, random_prompts, save_tiny_model
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.llm_engine import LLMEngine
+from vllm_volta.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """arch -> (model dir, HF model) for every tiny architecture."""
+    models = {}
+    for seed, arch in enumerate(ARCHS):
+        path = tmp_path_factory.mktemp(arch)
+        models[arch] = (path, save_tiny_model(path, arch, seed=seed))
+    return models
+
+
+def make_engine(path, **kwargs) -> LLMEngine:
+    kwargs.setdefault("cpu_kvcache_space", 0.01)
+    kwargs.setdefault("skip_tokenizer_init", True)
+    return LLMEngine.from_engine_args(EngineArgs(model=str(path), **kwargs))
+
+
+def run(engine: LLMEngine, prompts, params):
+    """Add all prompts, step to completion; final outputs in input order."""
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [f"r{next(_ids)}" for _ in prompts]
+    for rid, prompt, p in zip(ids, prompts, params):
+        engine.add_request(rid, prompt, p)
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return [final[rid] for rid in ids]
+
+
+def tokens(outputs, index=0):
+    return [list(o.outputs[index].token_ids) for o in outputs]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_transformers(tiny, arch):
+    path, hf_model = tiny[arch]
+    prompts = [[5, 6, 7, 8], random_prompts(1, 20, 20, seed=1)[0], random_prompts(1, 45, 45)[0]]
+    # A small token budget forces chunked prefill next to decodes.
+    engine = make_engine(path, max_num_batched_tokens=16)
+    outs = run(engine, prompts, GREEDY)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 8)
+        assert out.outputs[0].finish_reason == "length" and out.finished
+        assert out.prompt_token_ids == prompt
+
+
+def test_64_mixed_prompts_batched_equal_alone(tiny):
+    path, _ = tiny["qwen2"]
+    prompts = random_prompts(64, 1, 70, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    engine = make_engine(path, max_num_seqs=24, max_num_batched_tokens=96,
+                         enable_prefix_caching=False)
+    batched = tokens(run(engine, prompts, params))
+    alone = [tokens(run(engine, [p], params))[0] for p in prompts]
+    assert batched == alone
+
+
+def test_prefix_cache_hit_gives_identical_output(tiny):
+    path, _ = tiny["llama"]
+    shared = random_prompts(1, 40, 40, seed=5)[0]
+    prompts = [shared + [10, 11, 12], shared + [20, 21]]
+    reference = tokens(run(make_engine(path, enable_prefix_caching=False), prompts, GREEDY))
+    engine = make_engine(path, block_size=8)
+    first = run(engine, prompts[:1], GREEDY)
+    before = engine.get_stats().prefix_cache_hits_total
+    second = run(engine, prompts, GREEDY)  # both hit the 40 shared tokens (5 blocks)
+    assert tokens(first) + tokens(second) == reference[:1] + reference
+    assert engine.get_stats().prefix_cache_hits_total - before == 2 * 40
+    assert [o.num_cached_tokens for o in second] == [40, 40]
+    assert first[0].num_cached_tokens == 0
+
+
+def test_preempted_then_resumed_request_is_identical(tiny):
+    path, _ = tiny["llama"]
+    prompts = random_prompts(6, 8, 20, seed=7)
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 5 + [
+        SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)]
+    reference = tokens(run(make_engine(path), prompts, params))
+    # 24 usable blocks of 4 tokens: not enough for 6 requests of up to 44 tokens each.
+    engine = make_engine(path, block_size=4, num_gpu_blocks_override=25)
+    outs = run(engine, prompts, params)
+    assert engine.get_stats().num_preemptions_total > 0
+    assert tokens(outs) == reference
+    assert engine.get_stats().num_free_blocks == 24
+
+
+def test_request_too_big_for_the_cache_errors_alone(tiny):
+    path, _ = tiny["llama"]
+    engine = make_engine(path, block_size=4, num_gpu_blocks_override=5)  # 16 tokens
+    outs = run(engine, [list(range(4, 24)), [5, 6, 7]],
+               SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert outs[0].error and "KV-cache blocks" in outs[0].error
+    assert outs[0].outputs[0].finish_reason == "error"
+    assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 4
+
+
+def test_seeded_sampling_is_reproducible(tiny):
+    path, _ = tiny["qwen3"]
+    prompt = [7, 8, 9, 10]
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    engine = make_engine(path)
+    alone = tokens(run(engine, [prompt], seeded))[0]
+    others = random_prompts(5, 3, 30, seed=9)
+    mixed = run(engine, others + [prompt], [SamplingParams(temperature=0.8, max_tokens=12)] * 5
+                + [seeded])
+    assert tokens(mixed)[-1] == alone
+    other_seed = SamplingParams(temperature=1.0, seed=4321, max_tokens=12, ignore_eos=True)
+    assert tokens(run(engine, [prompt], other_seed))[0] != alone
+    # n > 1: children differ from each other, and reproduce as a group.
+    n3 = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    first, again = run(engine, [prompt], n3)[0], run(engine, [prompt], n3)[0]
+    children = [list(c.token_ids) for c in first.outputs]
+    assert children == [list(c.token_ids) for c in again.outputs]
+    assert len({tuple(c) for c in children}) == 3
+    # Child 0 is seeded by the request's seed itself, like an n=1 request.
+    n1 = SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
+    assert children[0] == tokens(run(engine, [prompt], n1))[0]
+
+
+def test_too_long_prompt_is_rejected_and_engine_continues(tiny):
+    path, hf_model = tiny["llama"]
+    engine = make_engine(path, max_model_len=32)
+    with pytest.raises(ValueError, match=r"prompt length 33 exceeds max_model_len 32"):
+        engine.add_request("long", list(range(4, 37)), GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("empty", [], GREEDY)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request("oov", [1, 10_000], GREEDY)
+    assert not engine.has_unfinished_requests()
+    out = run(engine, [[5, 6, 7]], GREEDY)[0]
+    assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, [5, 6, 7], 8)
+    # A prompt that fills max_model_len is capped by it.
+    capped = run(engine, [list(range(4, 34))], GREEDY)[0]
+    assert len(capped.outputs[0].token_ids) == 2 and capped.outputs[0].finish_reason == "length"
+
+
+def test_stop_token_ids_min_tokens_and_eos(tiny):
+    path, hf_model = tiny["mistral"]
+    prompt = [5, 6, 7, 8]
+    expected = hf_greedy(hf_model, prompt, 8)
+    engine = make_engine(path)
+    stop_id = expected[3]
+    first = expected.index(stop_id)
+    out = run(engine, [prompt], SamplingParams(temperature=0, max_tokens=8,
+                                               stop_token_ids=[stop_id]))[0].outputs[0]
+    assert list(out.token_ids) == expected[:first + 1]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop_id)
+    later = run(engine, [prompt], SamplingParams(temperature=0, max_tokens=8, min_tokens=first + 1,
+                                                 stop_token_ids=[stop_id]))[0].outputs[0]
+    assert stop_id not in later.token_ids[:first + 1]
+
+
+def test_logprobs_match_transformers(tiny):
+    path, hf_model = tiny["qwen2"]
+    prompt = random_prompts(1, 12, 12, seed=4)[0]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3,
+                            prompt_logprobs=2)
+    out = run(make_engine(path, max_num_batched_tokens=8), [prompt], params)[0]
+    ids = prompt + list(out.outputs[0].token_ids)
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    comp = out.outputs[0]
+    assert len(comp.logprobs) == 4
+    total = 0.0
+    for step, entry in enumerate(comp.logprobs):
+        row = ref[len(prompt) - 1 + step]
+        token = ids[len(prompt) + step]
+        assert entry[token].rank == 1
+        assert entry[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+        top3 = row.topk(3).indices.tolist()
+        assert set(top3) <= set(entry) and len(entry) == 3
+        total += row[token].item()
+    assert comp.cumulative_logprob == pytest.approx(total, abs=1e-3)
+    plp = out.prompt_logprobs
+    assert len(plp) == len(prompt) and plp[0] is None
+    for pos in range(1, len(prompt)):
+        row = ref[pos - 1]
+        token = prompt[pos]
+        assert plp[pos][token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+        assert plp[pos][token].rank == int((row > row[token]).sum()) + 1
+
+
+def test_abort_frees_blocks_and_stats(tiny):
+    path, _ = tiny["llama"]
+    engine = make_engine(path)
+    total = engine.get_stats().num_free_blocks
+    engine.add_request("a", list(range(4, 60)), SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.add_request("b", [5, 6], SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    stats = engine.get_stats()
+    assert stats.num_running == 2 and stats.num_free_blocks < total and stats.kv_cache_usage > 0
+    assert stats.prompt_tokens_total == 58 and stats.generation_tokens_total == 2
+    engine.abort_request(["a", "b", "missing"])
+    assert not engine.has_unfinished_requests()
+    assert engine.get_stats().num_free_blocks == total and engine.step() == []
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("c", [5], GREEDY)
+        engine.add_request("c", [5], GREEDY)
