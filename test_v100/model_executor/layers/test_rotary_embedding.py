@@ -16,6 +16,7 @@ SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
 
 
@@ -82,7 +83,7 @@ def test_config_styles_and_errors():
     assert rope_params_from_config(v5_default) == (5.0, None)
     assert get_rope(8, 8, 16, 1e4, True, {"type": "linear", "factor": 2.0}).cos_sin_cache.shape \
         == (32, 8)
-    with pytest.raises(ValueError, match="not supported; supported: default, linear, llama3"):
+    with pytest.raises(ValueError, match="not supported; supported: default, linear, llama3, yarn"):
         get_rope(8, 8, 16, 1e4, True, {"rope_type": "su"})
     with pytest.raises(ValueError, match="rotary_dim"):
         get_rope(8, 10, 16, 1e4)

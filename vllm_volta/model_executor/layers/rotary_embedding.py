@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE): default, linear scaling and Llama 3 scaling.
+"""Rotary position embeddings (RoPE): default, linear, Llama 3 and YaRN scaling.
 
 The cos/sin table for every position is computed once in float32 and cast to the activation
 dtype at use, matching transformers' numerics.
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class RotaryEmbedding(nn.Module):
@@ -39,12 +39,17 @@ class RotaryEmbedding(nn.Module):
     def _cache_len(self) -> int:
         return self.max_position
 
+    def _attention_factor(self) -> float:
+        return 1.0
+
     def _compute_cos_sin_cache(self) -> torch.Tensor:
         """[positions, rotary_dim] float32: cos of each frequency, then sin."""
         inv_freq = self._compute_inv_freq()
         t = torch.arange(self._cache_len(), dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)
-        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        factor = self._attention_factor()
+        return cache * factor if factor != 1.0 else cache
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -125,6 +130,50 @@ class Llama3RotaryEmbedding(RotaryEmbedding):
         return torch.where(is_medium, smoothed, scaled)
 
 
+class YaRNScalingRotaryEmbedding(RotaryEmbedding):
+    """YaRN (arXiv:2309.00071): frequencies whose wavelength exceeds the original context are
+    interpolated by ``factor``, fast ones kept, a linear ramp in between (bounds from beta_fast /
+    beta_slow rotations); cos/sin are scaled by ``0.1 * ln(factor) + 1``."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
+                 is_neox_style: bool, factor: float, original_max_position: int,
+                 beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 attention_factor: float | None = None, truncate: bool = True) -> None:
+        if not factor > 0:
+            raise ValueError(f"rope_scaling.factor must be > 0, got {factor}")
+        self.factor = float(factor)
+        self.original_max_position = int(original_max_position)
+        self.beta_fast, self.beta_slow, self.truncate = beta_fast, beta_slow, truncate
+        self.mscale = (attention_factor if attention_factor is not None
+                       else (0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0))
+        super().__init__(head_size, rotary_dim, max_position, base, is_neox_style)
+
+    def _correction_dim(self, num_rotations: float) -> float:
+        # The dimension whose wavelength fits ``num_rotations`` times in the original context.
+        return (self.rotary_dim * math.log(self.original_max_position
+                                           / (num_rotations * 2 * math.pi))
+                / (2 * math.log(self.base)))
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        extrapolated = super()._compute_inv_freq()
+        interpolated = extrapolated / self.factor
+        low, high = self._correction_dim(self.beta_fast), self._correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, self.rotary_dim - 1)
+        high = high + 0.001 if low == high else high  # avoid a zero-width ramp
+        ramp = ((torch.arange(self.rotary_dim // 2, dtype=torch.float32) - low)
+                / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1 = keep the original (extrapolated) frequency
+        return interpolated * (1 - keep) + extrapolated * keep
+
+    def _cache_len(self) -> int:
+        return max(self.max_position, int(self.original_max_position * self.factor))
+
+    def _attention_factor(self) -> float:
+        return float(self.mscale)
+
+
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
              is_neox_style: bool = True,
              rope_scaling: dict[str, Any] | None = None) -> RotaryEmbedding:
@@ -141,6 +190,12 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
             head_size, rotary_dim, max_position, base, is_neox_style, scaling["factor"],
             scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0),
             scaling.get("original_max_position_embeddings", 8192))
+    if rope_type == "yarn":
+        return YaRNScalingRotaryEmbedding(
+            head_size, rotary_dim, max_position, base, is_neox_style, scaling["factor"],
+            scaling.get("original_max_position_embeddings", max_position),
+            scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0,
+            scaling.get("attention_factor"), scaling.get("truncate", True))
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported; "
                      f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
 

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import pytest
+
+from vllm_volta.model_executor.models.registry import get_model_cls, get_supported_archs
+
+
+def test_known_architectures():
+    assert get_supported_archs() == ["LlamaForCausalLM", "MistralForCausalLM",
+                                     "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+    for arch in get_supported_archs():
+        assert get_model_cls([arch]).__name__ == arch
+    # The first supported name wins; a plain string works too.
+    assert get_model_cls(["Foo", "Qwen2ForCausalLM"]).__name__ == "Qwen2ForCausalLM"
+    assert get_model_cls("MistralForCausalLM").__name__ == "MistralForCausalLM"
+
+
+@pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
+def test_unknown_architecture_lists_supported(archs):
+    with pytest.raises(ValueError, match="supported architectures: LlamaForCausalLM, "
+                                         "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        get_model_cls(archs)
