@@ -65,6 +65,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 kwargs[field] = True
         elif value is not None:
             kwargs[field] = value
+    if args.load_format == "dummy" and args.tokenizer is None:
+        # Random-weight models ship no tokenizer; token-id prompts do not need one.
+        kwargs["skip_tokenizer_init"] = True
     return kwargs
 
 

@@ -5,7 +5,6 @@ add_request with token-id prompts, step until done), which is what ``LLM.generat
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import inspect
 import itertools
@@ -28,14 +27,8 @@ class EngineRunner:
 
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        kwargs = dict(engine_kwargs)
-        # Random-weight models ship no tokenizer; token-id prompts do not need one.
-        fields = {f.name for f in dataclasses.fields(EngineArgs)}
-        if (kwargs.get("load_format") == "dummy" and "tokenizer" not in kwargs
-                and "skip_tokenizer_init" in fields):
-            kwargs["skip_tokenizer_init"] = True
-        log(f"building vllm-volta engine: {kwargs}")
-        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        log(f"building vllm-volta engine: {engine_kwargs}")
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
         self.temperature = temperature
         self._ids = itertools.count()
 

@@ -1,8 +1,8 @@
 """Streaming OpenAI completions client and the serving metrics computed from it.
 
-One request = one streamed ``/v1/completions`` call; each server-sent chunk that carries
-text or token ids is a token arrival. TTFT is the time to the first one, ITL the gaps between them, TPOT
-(e2e - TTFT) / (output tokens - 1), as in vLLM's serving benchmark.
+One request = one streamed ``/v1/completions`` call; each server-sent chunk that delivers
+tokens is an arrival (see ``_tokens_in_chunk``). TTFT is the time to the first one, ITL the
+gaps between them, TPOT (e2e - TTFT) / (output tokens - 1), as in vLLM's serving benchmark.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 import numpy as np
@@ -33,14 +33,15 @@ class RequestResult:
 
 
 def _tokens_in_chunk(choice: dict[str, Any]) -> int:
-    """Tokens a chunk delivers: its token ids when reported, else 1 if it carries text.
+    """Tokens a chunk delivers: its token ids when the server reports them, else one.
 
-    A chunk with neither (e.g. a closing chunk holding only finish_reason) is no arrival.
+    A chunk without text that ends the choice (finish_reason set) is a closing chunk, no
+    token; one without text mid-stream is a token of a server running without a tokenizer.
     """
     ids = choice.get("token_ids")
     if isinstance(ids, list):
         return len(ids)
-    return 1 if choice.get("text") else 0
+    return 1 if choice.get("text") or choice.get("finish_reason") is None else 0
 
 
 async def send_completion(client: httpx.AsyncClient, url: str,
@@ -64,6 +65,9 @@ async def send_completion(client: httpx.AsyncClient, url: str,
                     break
                 chunk = json.loads(data)
                 now = time.perf_counter()
+                if "error" in chunk:  # the server failed mid-stream
+                    result.error = f"stream error: {chunk['error']}"
+                    return result
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                 choices = chunk.get("choices") or []
@@ -88,10 +92,11 @@ async def send_completion(client: httpx.AsyncClient, url: str,
 
 
 async def request_arrivals(num_requests: int, request_rate: float, burstiness: float,
-                           seed: int) -> AsyncIterator[int]:
+                           seed: int, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                           ) -> AsyncIterator[int]:
     """Yield request indices at Poisson (burstiness 1) or gamma-distributed intervals.
 
-    ``request_rate`` inf sends everything at once.
+    ``request_rate`` inf sends everything at once; ``sleep`` is replaceable for tests.
     """
     rng = np.random.default_rng(seed)
     for i in range(num_requests):
@@ -99,7 +104,7 @@ async def request_arrivals(num_requests: int, request_rate: float, burstiness: f
         if math.isinf(request_rate) or i == num_requests - 1:
             continue
         # Gamma(shape=burstiness, scale=1/(rate*burstiness)) has mean 1/rate.
-        await asyncio.sleep(rng.gamma(burstiness, 1.0 / (request_rate * burstiness)))
+        await sleep(rng.gamma(burstiness, 1.0 / (request_rate * burstiness)))
 
 
 def serving_metrics(results: Sequence[RequestResult], duration: float,

@@ -191,6 +191,13 @@ def device_info() -> dict[str, Any]:
         info["device"] = "cpu"
     for var in ("VLLM_VOLTA_DEVICE_CAPABILITY", "TORCH_CUDA_ARCH_LIST"):
         info[var] = os.environ.get(var)
+    try:  # how the ops extension was built: Volta mode needs the adapter build
+        import vllm_volta._C as ext
+
+        info["extension"] = {"path": ext.__file__, "v100_adapter": bool(ext.V100_ADAPTER),
+                             "cuda_archs": ext.CUDA_ARCHS}
+    except (ImportError, AttributeError) as e:
+        info["extension"] = {"error": f"{type(e).__name__}: {e}"}
     return info
 
 

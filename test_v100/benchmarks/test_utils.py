@@ -120,9 +120,12 @@ def test_engine_kwargs_and_server_flags():
                        "--enforce-eager"])
     kwargs = engine_kwargs(args)
     assert kwargs == {"model": str(utils.CONFIGS_DIR / "tiny-llama"), "load_format": "dummy",
-                      "seed": 0, "dtype": "half", "max_num_seqs": 4, "enforce_eager": True}
+                      "seed": 0, "dtype": "half", "max_num_seqs": 4, "enforce_eager": True,
+                      "skip_tokenizer_init": True}
     assert server_flags(kwargs) == ["--load-format", "dummy", "--seed", "0", "--dtype", "half",
-                                    "--max-num-seqs", "4", "--enforce-eager"]
-    assert parse_args(["--model", "some/model"]).load_format == "auto"
+                                    "--max-num-seqs", "4", "--enforce-eager",
+                                    "--skip-tokenizer-init"]
+    real = parse_args(["--model", "some/model"])
+    assert real.load_format == "auto" and "skip_tokenizer_init" not in engine_kwargs(real)
     with pytest.raises(ValueError, match="--num-prompts must be >= 1"):
         parse_args(["--config", "tiny-llama", "--num-prompts", "0"])
