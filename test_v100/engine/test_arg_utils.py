@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from test_v100.worker.tiny_models import save_tiny_model
+from vllm_volta.engine.arg_utils import EngineArgs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("args_model")
+    save_tiny_model(path, "llama")
+    return path
+
+
+def test_create_engine_config_defaults(model_dir):
+    cfg = EngineArgs(model=str(model_dir)).create_engine_config()
+    sc, cc, mc = cfg.scheduler_config, cfg.cache_config, cfg.model_config
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert cfg.device_config.device == device
+    assert sc.max_num_seqs == {"cuda": 256, "cpu": 128}[device]
+    assert sc.max_num_batched_tokens == {"cuda": 8192, "cpu": 2048}[device]
+    assert sc.max_model_len == mc.max_model_len == 512 and sc.enable_chunked_prefill
+    assert cc.block_size == 16 and cc.enable_prefix_caching and cc.gpu_memory_utilization == 0.9
+    assert mc.seed == 0 and not mc.enforce_eager
+
+
+def test_explicit_values_flow_through(model_dir):
+    cfg = EngineArgs(model=str(model_dir), max_model_len=128, max_num_seqs=3,
+                     max_num_batched_tokens=64, block_size=8, enable_prefix_caching=False,
+                     enforce_eager=True, seed=7, dtype="half", cpu_kvcache_space=0.5,
+                     num_gpu_blocks_override=10, served_model_name="tiny").create_engine_config()
+    assert (cfg.scheduler_config.max_num_seqs, cfg.scheduler_config.max_num_batched_tokens,
+            cfg.scheduler_config.max_model_len) == (3, 64, 128)
+    assert (cfg.cache_config.block_size, cfg.cache_config.enable_prefix_caching,
+            cfg.cache_config.num_gpu_blocks_override) == (8, False, 10)
+    mc = cfg.model_config
+    assert (mc.enforce_eager, mc.seed, mc.dtype, mc.served_model_name) == (
+        True, 7, torch.float16, "tiny")
+
+
+def test_no_chunked_prefill_budget_covers_max_model_len(model_dir):
+    cfg = EngineArgs(model=str(model_dir), enable_chunked_prefill=False,
+                     max_num_batched_tokens=None).create_engine_config()
+    assert cfg.scheduler_config.max_num_batched_tokens >= 512
+
+
+def test_tensor_parallel_is_a_clear_error_before_loading():
+    # The model does not exist: the parallel check must fire first.
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
+        EngineArgs(model="/does/not/exist", tensor_parallel_size=2).create_engine_config()
+
+
+def test_cli_round_trip(model_dir):
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", str(model_dir), "--max-model-len", "64",
+                              "--no-enable-prefix-caching", "--enforce-eager",
+                              "--gpu-memory-utilization", "0.5", "--cuda-graph-sizes", "1", "2",
+                              "--tensor-parallel-size", "1"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args == EngineArgs(model=str(model_dir), max_model_len=64,
+                                     enable_prefix_caching=False, enforce_eager=True,
+                                     gpu_memory_utilization=0.5, cuda_graph_sizes=[1, 2])
+    defaults = EngineArgs.from_cli_args(parser.parse_args([]))
+    assert defaults == EngineArgs()
+    positional = EngineArgs.add_cli_args(argparse.ArgumentParser(), include_model=False)
+    assert "model" not in vars(positional.parse_args([]))

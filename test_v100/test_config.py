@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from test_v100.worker.tiny_models import save_tiny_model, tiny_config
+from vllm_volta.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
+                               SchedulerConfig, VllmConfig, derive_max_model_len)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg_model")
+    save_tiny_model(path, "qwen3")
+    return path
+
+
+def test_model_config_resolves_from_a_folder(model_dir):
+    mc = ModelConfig(model=str(model_dir))
+    assert isinstance(mc.hf_config, transformers.Qwen3Config)
+    assert mc.model_path == str(model_dir.resolve())
+    assert mc.max_model_len == 512  # max_position_embeddings
+    assert mc.served_model_name == str(model_dir)
+    assert (mc.get_num_layers(), mc.get_num_kv_heads(), mc.get_head_size(), mc.get_vocab_size()) \
+        == (2, 2, 32, 384)
+    assert mc.architectures == ["Qwen3ForCausalLM"]
+    assert mc.tokenizer_source == mc.model_path
+
+
+def test_dtype_through_the_platform(model_dir):
+    assert ModelConfig(model=str(model_dir), dtype="half").dtype == torch.float16
+    with pytest.raises(ValueError, match="dtype"):
+        ModelConfig(model=str(model_dir), dtype="int8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU default dtype")
+def test_cpu_auto_dtype_is_float32(model_dir):
+    assert ModelConfig(model=str(model_dir), dtype="auto").dtype == torch.float32
+
+
+def test_max_model_len_validation(model_dir):
+    assert ModelConfig(model=str(model_dir), max_model_len=100).max_model_len == 100
+    with pytest.raises(ValueError, match=r"max_model_len=1000 is larger than the model supports "
+                                         r"\(512.*\[1, 512\]"):
+        ModelConfig(model=str(model_dir), max_model_len=1000)
+    with pytest.raises(ValueError, match="max_model_len"):
+        ModelConfig(model=str(model_dir), max_model_len=0)
+
+
+def test_given_hf_config_and_bad_fields():
+    cfg = tiny_config("llama")
+    mc = ModelConfig(model="tiny", hf_config=cfg, dtype="float32")
+    assert mc.model_path == "tiny" and mc.get_head_size() == 16
+    with pytest.raises(ValueError, match="load_format"):
+        ModelConfig(model="tiny", hf_config=cfg, load_format="pickle")
+    with pytest.raises(ValueError, match="does not exist"):
+        ModelConfig(model="/no/such/model/dir")
+
+
+def test_derive_max_model_len_rope_scaling():
+    cfg = tiny_config("llama")
+    assert derive_max_model_len(cfg) == 512
+    cfg.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}
+    assert derive_max_model_len(cfg) == 2048
+    cfg.rope_parameters = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4,
+                           "original_max_position_embeddings": 64, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0}
+    assert derive_max_model_len(cfg) == 512  # llama3 configs already state the long length
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"block_size": 0}, "block_size"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"cpu_kvcache_space": -1}, "cpu_kvcache_space"),
+    ({"num_gpu_blocks_override": 1}, "num_gpu_blocks_override"),
+])
+def test_cache_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        CacheConfig(**kwargs)
+
+
+def test_cache_config_cpu_budget(monkeypatch):
+    assert CacheConfig(cpu_kvcache_space=0.5).cpu_kvcache_bytes() == 1 << 29
+    monkeypatch.setenv("VLLM_VOLTA_CPU_KVCACHE_SPACE", "2")
+    assert CacheConfig().cpu_kvcache_bytes() == 2 << 30
+
+
+def test_scheduler_config_validation():
+    SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=1, max_model_len=64)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        SchedulerConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_num_batched_tokens=100, max_model_len=200,
+                        enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="cuda_graph_sizes"):
+        SchedulerConfig(cuda_graph_sizes=[1, 0])
+
+
+def test_parallel_and_device_config():
+    assert ParallelConfig().world_size == 1
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
+        ParallelConfig(tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        ParallelConfig(pipeline_parallel_size=0)
+    assert DeviceConfig().device == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device"):
+        DeviceConfig("tpu")
+
+
+def test_vllm_config_applies_platform_rules():
+    mc = ModelConfig(model="tiny", hf_config=tiny_config("llama"), dtype="float32")
+    config = VllmConfig(model_config=mc)
+    assert config.cache_config.block_size == 16
+    if not torch.cuda.is_available():
+        assert config.cache_config.cpu_kvcache_space is not None  # filled from the env
