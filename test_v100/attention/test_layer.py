@@ -47,3 +47,24 @@ def test_attention_layer_prefill_then_decode():
 def test_invalid_heads():
     with pytest.raises(ValueError, match="num_kv_heads"):
         Attention(4, 8, 0.3, 3)
+
+
+def test_impl_may_provide_its_own_cache_write():
+    calls = []
+
+    class Impl:
+        def __init__(self, *args):
+            pass
+
+        def write_to_kv_cache(self, key, value, kv_cache, slot_mapping):
+            calls.append(slot_mapping.tolist())
+
+        def forward(self, query, key, value, kv_cache, attn_metadata):
+            return query
+
+    backend = type("FakeBackend", (), {"name": "FAKE", "get_impl_cls": staticmethod(lambda: Impl)})
+    layer = Attention(2, 4, 0.5, 2, backend)
+    cache = torch.zeros(2, 2, 4, 2, 4)
+    q = torch.randn(3, 8)
+    out = layer(q, q, q, cache, build_attn_metadata([0], [3], [[1]], 4))
+    assert out is q and calls == [[4, 5, 6]] and not cache.any()  # default write not used

@@ -52,10 +52,12 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend_cls = backend_cls
         self.impl = backend_cls.get_impl_cls()(num_heads, head_size, scale, num_kv_heads)
+        # A backend with a fused cache-write kernel provides it on the impl.
+        self._write = getattr(self.impl, "write_to_kv_cache", write_to_kv_cache)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        write_to_kv_cache(key, value, kv_cache, attn_metadata.slot_mapping)
+        self._write(key, value, kv_cache, attn_metadata.slot_mapping)
         return self.impl.forward(query, key, value, kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:
