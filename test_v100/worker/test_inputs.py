@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import torch
+
+from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
+from vllm_volta.core.request import Request
+from vllm_volta.core.scheduler import ScheduledRequest
+from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.worker.inputs import prepare_inputs
+
+
+def scheduled(tokens, num_computed, num_new, block_ids):
+    req = Request("r%d" % len(tokens), tokens, SamplingParams(), max_tokens=4, block_size=4)
+    return ScheduledRequest(req, num_new, num_computed, block_ids,
+                            samples=num_computed + num_new == len(tokens))
+
+
+def test_matches_reference_metadata_for_mixed_batch():
+    # A decode, a prefix-hit prefill, a partial (chunked) prefill and a fresh prefill.
+    batch = [
+        scheduled(list(range(10, 19)), 8, 1, [3, 5, 9]),
+        scheduled(list(range(30, 43)), 8, 5, [1, 2, 4, 6]),
+        scheduled(list(range(50, 70)), 4, 6, [7, 8, 10]),
+        scheduled([1, 2], 0, 2, [11]),
+    ]
+    inp = prepare_inputs(batch, 4, torch.device("cpu"))
+    num_computed = [s.num_computed_tokens for s in batch]
+    num_new = [s.num_new_tokens for s in batch]
+    ref = build_attn_metadata(num_computed, num_new, [s.block_ids for s in batch], 4)
+    md = inp.attn_metadata
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping",
+                 "query_start_loc_cpu", "seq_lens_cpu"):
+        assert torch.equal(getattr(md, name), getattr(ref, name)), name
+    assert (md.num_actual_tokens, md.max_query_len, md.max_seq_len) == (14, 6, 13)
+    assert torch.equal(inp.positions, compute_positions(num_computed, num_new))
+    expected_ids = [18] + list(range(38, 43)) + list(range(54, 60)) + [1, 2]
+    assert inp.input_ids.tolist() == expected_ids
+    # The partial prefill (row 2) samples nothing; others sample at their last new token.
+    assert inp.sample_rows == [0, 1, 3]
+    assert inp.logits_indices.tolist() == [0, 5, 13]
+    assert md.slot_mapping.dtype == torch.int64 and md.block_table.dtype == torch.int32
