@@ -1,0 +1,128 @@
+"""The offline LLM API: tiny model with a real tokenizer, plus the default model."""
+from __future__ import annotations
+
+import pytest
+
+from test_v100.worker.tiny_models import random_prompts, save_tiny_model
+from vllm_volta import LLM, RequestOutput, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llm_model")
+    save_tiny_model(path, "llama", with_tokenizer=True)
+    return LLM(str(path), cpu_kvcache_space=0.01, max_model_len=64)
+
+
+def texts(outputs):
+    return [o.outputs[0].text for o in outputs]
+
+
+def test_prompt_forms_and_input_order(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello world")
+    outs = llm.generate(["The capital", "Hello world", ids, {"prompt_token_ids": ids},
+                         {"prompt": "Hello world"}], GREEDY, use_tqdm=False)
+    assert all(isinstance(o, RequestOutput) and o.finished for o in outs)
+    assert outs[0].prompt == "The capital" and outs[2].prompt is None
+    assert outs[1].prompt_token_ids == ids == outs[2].prompt_token_ids
+    same = [list(o.outputs[0].token_ids) for o in outs[1:]]
+    assert same == [same[0]] * 4
+    for out in outs:
+        comp = out.outputs[0]
+        assert len(comp.token_ids) == 10 and comp.finish_reason == "length"
+        assert comp.text == tok.decode(comp.token_ids, skip_special_tokens=True)
+    single = llm.generate("Hello world", GREEDY, use_tqdm=False)
+    assert len(single) == 1 and list(single[0].outputs[0].token_ids) == same[0]
+    assert llm.generate(ids, GREEDY, use_tqdm=True)[0].prompt_token_ids == ids
+
+
+def test_per_prompt_sampling_params(llm):
+    outs = llm.generate(["a", "b"], [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                                     SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)],
+                        use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5]
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+
+
+def test_too_long_prompt_fails_alone(llm):
+    prompts = [random_prompts(1, 65, 65)[0], "Hello world", random_prompts(1, 100, 100)[0]]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for bad in (outs[0], outs[2]):
+        assert bad.finished and "exceeds max_model_len 64" in bad.error
+        assert bad.outputs[0].finish_reason == "error" and not bad.outputs[0].token_ids
+    assert outs[0].prompt_token_ids == prompts[0]
+    assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 10
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_stop_strings(llm):
+    full = llm.generate("Hello world", SamplingParams(temperature=0, max_tokens=12,
+                                                      ignore_eos=True), use_tqdm=False)
+    text = full[0].outputs[0].text
+    stop = text[3:6]
+    assert stop.strip(), f"greedy text too short to pick a stop string: {text!r}"
+    cut = text[:text.index(stop)]
+    out = llm.generate("Hello world", SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                     ignore_eos=True), use_tqdm=False)[0]
+    comp = out.outputs[0]
+    assert (comp.text, comp.finish_reason, comp.stop_reason) == (cut, "stop", stop)
+    kept = llm.generate("Hello world", SamplingParams(
+        temperature=0, max_tokens=12, stop=[stop], include_stop_str_in_output=True,
+        ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert kept.text == cut + stop
+
+
+def test_chat_single_and_batch(llm):
+    tok = llm.get_tokenizer()
+    conv = [{"role": "user", "content": "Hello world"}]
+    single = llm.chat(conv, GREEDY, use_tqdm=False)
+    expected_ids = tok.encode("<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False)
+    assert single[0].prompt_token_ids == expected_ids
+    direct = llm.generate(expected_ids, GREEDY, use_tqdm=False)
+    assert single[0].outputs[0].token_ids == direct[0].outputs[0].token_ids
+    batch = llm.chat([conv, [{"role": "user", "content": "The capital"}]], GREEDY,
+                     use_tqdm=False)
+    assert len(batch) == 2 and batch[0].outputs[0].token_ids == direct[0].outputs[0].token_ids
+    no_prompt = llm.chat(conv, GREEDY, use_tqdm=False, add_generation_prompt=False)
+    assert len(no_prompt[0].prompt_token_ids) < len(expected_ids)
+
+
+def test_n_and_logprobs_through_llm(llm):
+    out = llm.generate("Hello", SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=6,
+                                               logprobs=2, ignore_eos=True), use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1]
+    for comp in out.outputs:
+        assert len(comp.logprobs) == 6 and comp.cumulative_logprob < 0
+        assert all(comp.token_ids[i] in comp.logprobs[i] for i in range(6))
+
+
+def test_constructor_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown LLM argument"):
+        LLM(str(tmp_path), not_an_option=1)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
+        LLM(str(tmp_path), tensor_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def default_llm(default_model_path):
+    return LLM(max_model_len=512, cpu_kvcache_space=0.05)
+
+
+def test_default_model_answers(default_llm):
+    """DESIGN section 5: LLM() serves SmolLM2-135M-Instruct and answers correctly."""
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    chat = default_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                            greedy, use_tqdm=False)[0].outputs[0]
+    assert chat.text == "The capital of France is Paris."
+    assert chat.finish_reason == "stop"
+    completion = default_llm.generate("The capital of France is",
+                                      SamplingParams(temperature=0, max_tokens=3),
+                                      use_tqdm=False)[0].outputs[0]
+    assert completion.text.startswith(" Paris.")
+    engine = default_llm.llm_engine
+    assert engine.model_config.served_model_name == "SmolLM2-135M-Instruct"
