@@ -109,19 +109,21 @@ inline RowLayout check_norm_args(const char* op, const char* out_arg, const Tens
   return layout;
 }
 
-// *_and_mul(out, input): input [..., 2*d] -> out [..., d].
-inline RowLayout check_act_and_mul_args(const char* op, const Tensor& out, const Tensor& input) {
+// *_and_mul(out, input): input [..., 2*d] -> out [..., d]. `out_arg` is the schema's
+// name for the output ("result" for silu_and_mul, "out" for the gelu variants).
+inline RowLayout check_act_and_mul_args(const char* op, const char* out_arg, const Tensor& out,
+                                        const Tensor& input) {
   check_float_dtype(op, "input", input);
-  check_same_dtype(op, "out", out, input, "input");
-  check_same_device(op, "out", out, input, "input");
+  check_same_dtype(op, out_arg, out, input, "input");
+  check_same_device(op, out_arg, out, input, "input");
   const RowLayout layout = row_layout(op, "input", input);
   STD_TORCH_CHECK(layout.hidden % 2 == 0, op, ": last dim of 'input' must be even (2 * d), got ",
                   layout.hidden);
   bool shape_ok = out.dim() == input.dim() && out.size(-1) == layout.hidden / 2;
   for (int64_t d = 0; shape_ok && d + 1 < input.dim(); ++d) shape_ok = out.size(d) == input.size(d);
-  STD_TORCH_CHECK(shape_ok, op, ": 'out' must have the shape of 'input' with last dim ",
+  STD_TORCH_CHECK(shape_ok, op, ": '", out_arg, "' must have the shape of 'input' with last dim ",
                   layout.hidden / 2);
-  check_contiguous(op, "out", out);
+  check_contiguous(op, out_arg, out);
   return layout;
 }
 

@@ -20,13 +20,13 @@ void meta_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, doubl
   check_norm_args("fused_add_rms_norm", "residual", residual, "input", input, weight, epsilon);
 }
 void meta_silu_and_mul(Tensor result, Tensor input) {
-  check_act_and_mul_args("silu_and_mul", result, input);
+  check_act_and_mul_args("silu_and_mul", "result", result, input);
 }
 void meta_gelu_and_mul(Tensor out, Tensor input) {
-  check_act_and_mul_args("gelu_and_mul", out, input);
+  check_act_and_mul_args("gelu_and_mul", "out", out, input);
 }
 void meta_gelu_tanh_and_mul(Tensor out, Tensor input) {
-  check_act_and_mul_args("gelu_tanh_and_mul", out, input);
+  check_act_and_mul_args("gelu_tanh_and_mul", "out", out, input);
 }
 
 }  // namespace vllm_volta

@@ -15,8 +15,8 @@ namespace {
 // Ops run on empty tensors too, but there is nothing to compute.
 bool is_empty(const Tensor& t) { return t.numel() == 0; }
 
-void act_and_mul(const char* op, Tensor out, Tensor input, const char* gelu_approx) {
-  const RowLayout layout = check_act_and_mul_args(op, out, input);
+void act_and_mul(const char* op, const char* out_arg, Tensor out, Tensor input, const char* gelu_approx) {
+  const RowLayout layout = check_act_and_mul_args(op, out_arg, out, input);
   if (is_empty(input)) return;
   const int64_t d = layout.hidden / 2;
   const Tensor gate = torch::stable::narrow(input, -1, 0, d);
@@ -44,15 +44,15 @@ void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, do
 }
 
 void adapter_silu_and_mul(Tensor result, Tensor input) {
-  act_and_mul("silu_and_mul", result, input, nullptr);
+  act_and_mul("silu_and_mul", "result", result, input, nullptr);
 }
 
 void adapter_gelu_and_mul(Tensor out, Tensor input) {
-  act_and_mul("gelu_and_mul", out, input, "none");
+  act_and_mul("gelu_and_mul", "out", out, input, "none");
 }
 
 void adapter_gelu_tanh_and_mul(Tensor out, Tensor input) {
-  act_and_mul("gelu_tanh_and_mul", out, input, "tanh");
+  act_and_mul("gelu_tanh_and_mul", "out", out, input, "tanh");
 }
 
 }  // namespace vllm_volta

@@ -1,0 +1,19 @@
+// CUDA registrations of the native kernels. Compiled only in CUDA builds; the norm and
+// activation kernels are replaced by the V100 adapter when every target arch is below
+// SM80 (VLLM_V100_ADAPTER, see csrc/torch_bindings.cpp), so each (op, CUDA) has exactly
+// one kernel.
+#include "ops.h"
+
+#include <torch/csrc/stable/library.h>
+
+using namespace vllm_volta;
+
+#ifndef VLLM_V100_ADAPTER
+STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
+  m.impl("rms_norm", TORCH_BOX(&native_rms_norm));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&native_fused_add_rms_norm));
+  m.impl("silu_and_mul", TORCH_BOX(&native_silu_and_mul));
+  m.impl("gelu_and_mul", TORCH_BOX(&native_gelu_and_mul));
+  m.impl("gelu_tanh_and_mul", TORCH_BOX(&native_gelu_tanh_and_mul));
+}
+#endif

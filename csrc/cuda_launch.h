@@ -1,0 +1,100 @@
+// Host-side helpers for launching our CUDA kernels from stable-ABI op functions:
+// device checks, the current stream, dtype and vector-width dispatch.
+#pragma once
+
+#include "op_checks.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/c/shim.h>
+#include <torch/csrc/stable/macros.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace vllm_volta {
+
+inline void check_cuda(const char* op, const char* arg, const Tensor& t) {
+  STD_TORCH_CHECK(t.is_cuda(), op, ": '", arg, "' must be a CUDA tensor");
+}
+
+// The stream PyTorch is currently using on the tensor's device (CUDA-graph capture safe).
+inline cudaStream_t current_stream(const Tensor& t) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
+inline void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  STD_TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// Compute capability of `device` as major * 10 + minor.
+inline int device_sm(int device) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T = float / __half / __nv_bfloat16 for t's dtype. BF16 is
+// refused below SM80 (the bf16 kernels are compiled out there).
+template <typename F>
+void dispatch_float_type(const char* op, const Tensor& t, F&& f) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: f(TypeTag<float>{}); return;
+    case ScalarType::Half: f(TypeTag<__half>{}); return;
+    case ScalarType::BFloat16: {
+      const int sm = device_sm(t.get_device_index());
+      STD_TORCH_CHECK(sm >= 80, op, ": bfloat16 needs a GPU with compute capability >= 8.0 (this one is ",
+                      sm / 10, ".", sm % 10, "); use float16");
+      f(TypeTag<__nv_bfloat16>{});
+      return;
+    }
+    default:
+      STD_TORCH_CHECK(false, op, ": unsupported dtype ", dtype_name(t.scalar_type()));
+  }
+}
+
+// Widest vector (elements, up to 16 bytes) such that every pointer and every element
+// count/stride is a multiple of it, so each row starts aligned; odd sizes fall back to 1.
+inline int pick_vec_width(int64_t elem_size, std::initializer_list<const void*> ptrs,
+                          std::initializer_list<int64_t> counts) {
+  int width = static_cast<int>(16 / elem_size);
+  for (; width > 1; width /= 2) {
+    bool ok = true;
+    for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % (width * elem_size) == 0;
+    for (int64_t c : counts) ok = ok && c % width == 0;
+    if (ok) break;
+  }
+  return width;
+}
+
+template <int N>
+struct IntTag {
+  static constexpr int value = N;
+};
+
+// Calls f(IntTag<width>{}) for width in {8, 4, 2, 1}, never above 16 bytes of T.
+template <typename T, typename F>
+void dispatch_vec_width(int width, F&& f) {
+  if constexpr (sizeof(T) <= 2) {
+    if (width == 8) return f(IntTag<8>{});
+  }
+  if (width == 4) return f(IntTag<4>{});
+  if (width == 2) return f(IntTag<2>{});
+  return f(IntTag<1>{});
+}
+
+inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+}  // namespace vllm_volta

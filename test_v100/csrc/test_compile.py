@@ -1,0 +1,76 @@
+"""Compile checks, no GPU needed: every .cu in csrc/ with nvcc for sm_75 (adapter macro on) and
+sm_80 / sm_90 (off); the kernel headers for compute_70 with NVRTC 12.x (CUDA 13 has no sm_70),
+proving that the device code is free of host-only includes and BF16 instructions on Volta."""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch.utils.cpp_extension  # noqa: F401  (for torch's include dir)
+
+from .compile_utils import CSRC, find_cuda_home, load_nvrtc_12, nvcc_compile, nvrtc_compile, nvrtc_version
+
+CU_FILES = sorted(CSRC.rglob("*.cu"))
+# (sm, adapter macro): Volta/Turing builds use the adapter; Ampere/Hopper native.
+TARGETS = [("75", True), ("80", False), ("90", False)]
+TORCH_INCLUDE = str(Path(torch.__file__).parent / "include")
+
+needs_nvcc = pytest.mark.skipif(find_cuda_home() is None, reason="CUDA toolkit (nvcc) not found")
+
+
+@pytest.fixture(scope="module")
+def nvcc_results(tmp_path_factory):
+    """Start every (file, target) compile at once, on as many workers as there are cores."""
+    out_dir = tmp_path_factory.mktemp("nvcc")
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    futures = {(f.name, sm): pool.submit(nvcc_compile, f, sm, adapter=adapter, torch_include=TORCH_INCLUDE, out_dir=out_dir)
+               for f in CU_FILES for sm, adapter in TARGETS}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+def test_there_are_cuda_sources():
+    assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu"}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("sm,adapter", TARGETS, ids=[f"sm_{sm}" for sm, _ in TARGETS])
+@pytest.mark.parametrize("cu_file", [f.name for f in CU_FILES])
+def test_nvcc_compiles(nvcc_results, cu_file, sm, adapter):
+    result = nvcc_results[(cu_file, sm)].result()
+    assert result.returncode == 0, f"nvcc sm_{sm} (adapter={adapter}) failed for {cu_file}:\n{result.stderr[-4000:]}"
+
+
+# Kernel headers and the template instances a build uses; bf16 included on purpose: on
+# compute_70 it must compile (to a trap), with no BF16 instruction in the PTX.
+NVRTC_UNITS = {
+    "kernels/layernorm.cuh": [
+        f"&vllm_volta::rms_norm_kernel<{t}, {v}, {add}>"
+        for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
+        for add in ("false", "true")
+    ],
+    "kernels/activation.cuh": [
+        f"&vllm_volta::act_and_mul_kernel<{t}, {v}, vllm_volta::Activation::{a}>"
+        for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
+        for a in ("kSilu", "kGelu", "kGeluTanh")
+    ],
+}
+
+
+@pytest.mark.skipif(load_nvrtc_12() is None, reason="NVRTC 12 for CUDA (pip nvidia-cuda-nvrtc-cu12) not installed")
+@pytest.mark.skipif(find_cuda_home() is None, reason="CUDA toolkit headers (cuda_fp16.h) not found")
+@pytest.mark.parametrize("header", list(NVRTC_UNITS))
+def test_kernel_headers_compile_for_volta_with_nvrtc(header):
+    lib = load_nvrtc_12()
+    assert nvrtc_version(lib)[0] == 12
+    source = f'#include "{header}"\n'
+    rc, log, ptx = nvrtc_compile(lib, source, NVRTC_UNITS[header], "compute_70",
+                                 [CSRC, find_cuda_home() / "include"])
+    assert rc == 0, f"NVRTC compute_70 failed for {header}:\n{log}"
+    assert ".target sm_70" in ptx
+    assert not re.search(r"\.bf16", ptx), "BF16 instructions in compute_70 PTX"
+    assert "trap;" in ptx, "the bf16 instances should compile to a trap below SM80"

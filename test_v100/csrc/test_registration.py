@@ -1,0 +1,74 @@
+"""Dispatcher introspection of the built extension: vLLM's schemas, and exactly one kernel
+per (op, dispatch key), with the CUDA kernel coming from the adapter exactly in a V100 build."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import vllm_volta._C as C
+import vllm_volta._custom_ops  # noqa: F401
+
+# Ops whose CUDA kernel is the native one, or the V100 adapter when C.V100_ADAPTER.
+ADAPTED_OPS = {
+    "rms_norm": "rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()",
+    "fused_add_rms_norm": "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
+    "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
+    "gelu_and_mul": "gelu_and_mul(Tensor! out, Tensor input) -> ()",
+    "gelu_tanh_and_mul": "gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()",
+}
+
+_LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")
+
+
+def same_schema(actual: torch._C.FunctionSchema, namespace: str, vllm_schema: str) -> bool:
+    return str(actual) == str(torch._C.parse_schema(f"{namespace}::{vllm_schema}"))
+
+
+def registrations(qualified_name: str) -> dict[str, list[str]]:
+    """dispatch key -> source files of every kernel registered for it (inactive ones too)."""
+    found: dict[str, list[str]] = {}
+    for line in torch._C._dispatch_dump(qualified_name).splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1) != "debug":  # "debug:" is where the schema was defined
+            found.setdefault(m.group(1), []).append(m.group(2))
+    return found
+
+
+@pytest.mark.parametrize("op", list(ADAPTED_OPS))
+def test_schema_is_vllms(op):
+    assert same_schema(getattr(torch.ops._C, op).default._schema, "_C", ADAPTED_OPS[op])
+
+
+@pytest.mark.parametrize("op", list(ADAPTED_OPS))
+def test_exactly_one_kernel_per_dispatch_key(op):
+    regs = registrations(f"_C::{op}")
+    expected_keys = {"CPU", "Meta"} | ({"CUDA"} if C.BUILT_WITH_CUDA else set())
+    assert set(regs) == expected_keys, regs
+    for key, files in regs.items():
+        assert len(files) == 1, f"_C::{op} has {len(files)} kernels for {key}: {files}"
+    # CPU runs the adapter's code in every build.
+    assert regs["CPU"][0].endswith("torch_bindings.cpp")
+    if C.BUILT_WITH_CUDA:
+        source = "torch_bindings.cpp" if C.V100_ADAPTER else "cuda_bindings.cpp"
+        assert regs["CUDA"][0].endswith(source), (C.V100_ADAPTER, regs["CUDA"])
+
+
+@pytest.mark.parametrize("op", list(ADAPTED_OPS))
+def test_adapter_library_mirrors_schemas(op):
+    regs = registrations(f"_C_adapter::{op}")
+    assert set(regs) == {"CPU"} | ({"CUDA"} if C.BUILT_WITH_CUDA else set())
+    assert all(len(files) == 1 for files in regs.values())
+    assert same_schema(getattr(torch.ops._C_adapter, op).default._schema, "_C_adapter", ADAPTED_OPS[op])
+
+
+def test_build_info_is_consistent_with_the_adapter_rule():
+    archs = [a for a in C.CUDA_ARCHS.split(",") if a]
+    if not C.BUILT_WITH_CUDA:
+        assert archs == [] and C.V100_ADAPTER == 0
+        return
+    numeric = [int(re.match(r"\d+", a).group()) for a in archs]
+    assert numeric, "a CUDA build must record its target archs"
+    assert bool(C.V100_ADAPTER) == all(n < 80 for n in numeric), (C.CUDA_ARCHS, C.V100_ADAPTER)
