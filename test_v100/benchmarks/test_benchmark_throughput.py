@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks import benchmark_throughput
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--config", "tiny-llama", "--input-len", "12", "--output-len", "5", "--num-prompts", "6"]
 METRICS = ("elapsed_time", "num_requests", "total_prompt_tokens", "total_output_tokens",
            "total_num_tokens", "requests_per_second", "output_tokens_per_second",
@@ -42,16 +38,11 @@ def test_hf_backend(capsys):
     assert "ratio_vs_hf" not in result
 
 
-def test_script_prints_one_json_document(tmp_path):
-    out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/benchmark_throughput.py", *TINY, "--backend", "hf",
-         "--dtype", "half", "--output-json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-    result = json.loads(proc.stdout)  # the whole of stdout is one document
-    assert json.loads(out.read_text()) == result
+def test_hf_backend_explicit_dtype(capsys):
+    # The script as a subprocess (stdout = one JSON document) is covered by test_benchmark_modes.
+    result = benchmark_throughput.main([*TINY, "--backend", "hf", "--dtype", "half"])
     assert result["dtype"] == "float16"
-    assert "[bench]" in proc.stderr
+    check_metrics(result, 6, 12, 5)
 
 
 @pytest.mark.parametrize("argv,field", [(["--num-prompts", "0"], "--num-prompts"),
