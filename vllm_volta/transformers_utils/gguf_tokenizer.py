@@ -19,6 +19,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from vllm_volta.logger import init_logger
 from vllm_volta.model_executor.model_loader.gguf_config import GGUFFile, open_gguf
 
+__all__ = ["load_gguf_tokenizer"]
+
 logger = init_logger(__name__)
 
 # Split regexes as written by the models' own tokenizer.json files / llama.cpp.

@@ -20,6 +20,8 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+__all__ = ["GGUFFile", "SUPPORTED_GGUF_ARCHITECTURES", "load_gguf_config", "open_gguf"]
+
 # GGUF architecture -> (config class, HF architecture name).
 _ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], str]] = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),

@@ -25,6 +25,8 @@ from vllm_volta.logger import init_logger
 from vllm_volta.model_executor.model_loader.gguf_config import load_gguf_config, open_gguf
 from vllm_volta.model_executor.model_loader.gguf_dequant import dequantize
 
+__all__ = ["iterate_gguf_weights", "gguf_to_hf_name", "unpermute_qk"]
+
 logger = init_logger(__name__)
 
 _GLOBAL_NAMES = {
