@@ -1,0 +1,133 @@
+"""CUDA graphs for pure-decode steps.
+
+Decode steps launch hundreds of small kernels whose launch overhead dominates at small
+batch sizes; replaying a captured graph removes it. One graph is captured per batch size
+in a list (1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs); a step with B decoding
+sequences replays the smallest graph >= B with the extra rows padded (no KV writes:
+slot -1, context of 1 token in the reserved null block 0).
+
+All graphs read from one set of static input buffers and share one memory pool. The
+attention backend must be capturable (class attribute `supports_cuda_graphs`): no host
+synchronisation, no shape that depends on tensor values. Metadata ints baked into the
+graphs (max_seq_len) are the upper bound max_model_len.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm_volta.worker.inputs import ModelInput
+    from vllm_volta.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+def default_capture_sizes(max_num_seqs: int, requested: list[int] | None = None,
+                          cap: int = 512) -> list[int]:
+    """Batch sizes to capture: vLLM's 1, 2, 4 then multiples of 8, up to max_num_seqs."""
+    limit = min(max_num_seqs, cap)
+    sizes = requested if requested is not None else [1, 2, 4] + list(range(8, cap + 1, 8))
+    return sorted({s for s in sizes if 1 <= s <= limit})
+
+
+class CudaGraphRunner:
+    """Captured decode graphs of one model + KV cache, and how to replay them."""
+
+    def __init__(self, runner: ModelRunner, sizes: list[int]) -> None:
+        self.runner = runner
+        self.sizes = sizes
+        self.max_size = sizes[-1]
+        mc = runner.model_config
+        self.max_seq_len = mc.max_model_len
+        self.max_blocks = -(-mc.max_model_len // runner.block_size)
+        device = runner.device
+        n = self.max_size
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+        self.num_replays = 0  # observable: tests and stats check graphs are really used
+
+    @classmethod
+    def capture(cls, runner: ModelRunner, max_num_seqs: int) -> CudaGraphRunner:
+        sizes = default_capture_sizes(
+            max_num_seqs, runner.vllm_config.scheduler_config.cuda_graph_sizes)
+        graph_runner = cls(runner, sizes)
+        graph_runner._capture_all()
+        return graph_runner
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        # Views of the static buffers: replays see whatever was copied in before them.
+        return AttentionMetadata(
+            num_actual_tokens=size,
+            query_start_loc=self.query_start_loc[:size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_table=self.block_table[:size],
+            slot_mapping=self.slot_mapping[:size],
+            max_query_len=1,
+            max_seq_len=self.max_seq_len,
+            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.ones(size, dtype=torch.int32),
+        )
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        model, kv_caches = self.runner.model, self.runner.kv_caches
+        before = torch.cuda.mem_get_info(self.runner.device)[0]
+        # Largest first: later (smaller) graphs reuse the pool's memory.
+        for size in reversed(self.sizes):
+            md = self._metadata(size)
+            args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
+            model(*args)  # warm-up outside the graph (lazy inits, autotuning)
+            torch.cuda.synchronize(self.runner.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = model(*args)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+            self.outputs[size] = out
+        torch.cuda.synchronize(self.runner.device)
+        used = before - torch.cuda.mem_get_info(self.runner.device)[0]
+        logger.info("Captured CUDA graphs for decode batch sizes %s (%.0f MiB)", self.sizes,
+                    used / 2**20)
+
+    def can_run(self, inp: ModelInput) -> bool:
+        md = inp.attn_metadata
+        num_seqs = md.num_seqs
+        return (md.max_query_len == 1 and md.num_actual_tokens == num_seqs
+                and num_seqs <= self.max_size and md.block_table.shape[1] <= self.max_blocks)
+
+    def padded_size(self, num_seqs: int) -> int:
+        return next(s for s in self.sizes if s >= num_seqs)
+
+    def run(self, inp: ModelInput) -> torch.Tensor:
+        md = inp.attn_metadata
+        num = md.num_seqs
+        size = self.padded_size(num)
+        width = md.block_table.shape[1]
+        self.input_ids[:num].copy_(inp.input_ids, non_blocking=True)
+        self.positions[:num].copy_(inp.positions, non_blocking=True)
+        self.slot_mapping[:num].copy_(md.slot_mapping, non_blocking=True)
+        self.seq_lens[:num].copy_(md.seq_lens, non_blocking=True)
+        self.block_table[:num, :width].copy_(md.block_table, non_blocking=True)
+        if size > num:
+            # Padding rows: no KV write, a 1-token context in the null block.
+            self.input_ids[num:size].zero_()
+            self.positions[num:size].zero_()
+            self.slot_mapping[num:size].fill_(-1)
+            self.seq_lens[num:size].fill_(1)
+            self.block_table[num:size, 0].zero_()
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.outputs[size][:num]
