@@ -1,11 +1,12 @@
 """Start ``vllm-volta serve`` for the serving benchmark and stop it afterwards.
 
 The server runs as a child process on a free local port; its output goes to a log file whose
-tail is shown if it fails to come up.
+tail is shown if it fails to come up (kept after a failure, removed after a clean run).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -90,3 +91,4 @@ def launched_server(model: str, flags: list[str], timeout: float) -> Iterator[st
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    os.unlink(logf.name)  # only reached without an error: failures keep their log

@@ -1,19 +1,37 @@
 """benchmarks/benchmark_serving.py end to end: it starts `vllm-volta serve` on the tiny config
-(random weights, no tokenizer), streams token-id prompts and stops the server."""
+(random weights; without a tokenizer, and with a small word-level one), streams token-id
+prompts, measures, and stops the server."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from benchmarks import benchmark_serving
+from benchmarks.utils import CONFIGS_DIR
 
 
-def test_launches_our_server_and_measures(capsys):
+def _tiny_with_tokenizer(folder) -> list[str]:
+    """tiny-llama's config plus a word-level tokenizer covering its 512 ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copy(CONFIGS_DIR / "tiny-llama" / "config.json", folder / "config.json")
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token="w1",
+                            eos_token="w2").save_pretrained(folder)
+    return ["--model", str(folder), "--tokenizer", str(folder), "--load-format", "dummy"]
+
+
+@pytest.mark.parametrize("tokenizer", [False, True], ids=["no-tokenizer", "tokenizer"])
+def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
+    model = _tiny_with_tokenizer(tmp_path) if tokenizer else ["--config", "tiny-llama"]
     result = benchmark_serving.main([
-        "--config", "tiny-llama", "--max-model-len", "64", "--num-prompts", "5",
-        "--input-len", "7", "--output-len", "4", "--ignore-eos", "--request-rate", "50",
-        "--max-concurrency", "3", "--server-timeout", "240"])
+        *model, "--max-model-len", "64", "--num-prompts", "5", "--input-len", "7",
+        "--output-len", "4", "--ignore-eos", "--request-rate", "50", "--max-concurrency", "3",
+        "--server-timeout", "240"])
     assert json.loads(capsys.readouterr().out) == result
     assert result["completed"] == 5 and result["failed"] == 0, result["errors"]
     assert result["total_input_tokens"] == 5 * 7
