@@ -4,16 +4,14 @@ import pytest
 import torch
 import transformers
 
-from test_v100.worker.tiny_models import save_tiny_model, tiny_config
+from test_v100.worker.tiny_models import tiny_config, tiny_model_dir
 from vllm_volta.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
                                SchedulerConfig, VllmConfig, derive_max_model_len)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg_model")
-    save_tiny_model(path, "qwen3")
-    return path
+    return tiny_model_dir(tmp_path_factory, "qwen3")
 
 
 def test_model_config_resolves_from_a_folder(model_dir):

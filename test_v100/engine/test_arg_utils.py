@@ -5,15 +5,13 @@ import argparse
 import pytest
 import torch
 
-from test_v100.worker.tiny_models import save_tiny_model
+from test_v100.worker.tiny_models import tiny_model_dir
 from vllm_volta.engine.arg_utils import EngineArgs
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("args_model")
-    save_tiny_model(path, "llama")
-    return path
+    return tiny_model_dir(tmp_path_factory, "llama")
 
 
 def test_create_engine_config_defaults(model_dir):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_v100.worker.tiny_models import save_tiny_model
+from test_v100.worker.tiny_models import tiny_model_dir
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.worker.worker import Worker
 
@@ -12,9 +12,7 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU KV-cache si
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("worker_model")
-    save_tiny_model(path, "qwen3")  # 2 layers, 2 kv heads, head_dim 32
-    return path
+    return tiny_model_dir(tmp_path_factory, "qwen3")
 
 
 def make_worker(model_dir, **kwargs):

@@ -91,3 +91,10 @@ def random_prompts(num: int, min_len: int, max_len: int, seed: int = 0) -> list[
     lens = torch.randint(min_len, max_len + 1, (num,), generator=g).tolist()
     # Ids from 4: 0..3 are special in build_tokenizer's vocabulary.
     return [torch.randint(4, VOCAB_SIZE, (n,), generator=g).tolist() for n in lens]
+
+
+def tiny_model_dir(tmp_path_factory, arch: str = "llama", **kwargs) -> Path:
+    """A fresh temp folder holding a saved tiny `arch` model (for module-scoped fixtures)."""
+    path = tmp_path_factory.mktemp(f"tiny_{arch}")
+    save_tiny_model(path, arch, **kwargs)
+    return path

@@ -91,11 +91,10 @@ class LLM:
                         initial=len(results))
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished:
-                        results[out.request_id] = out
-                        if pbar is not None:
-                            pbar.update(1)
+                for out in engine.step(finished_only=True):
+                    results[out.request_id] = out
+                    if pbar is not None:
+                        pbar.update(1)
         except BaseException:
             # Leave the engine clean for the next call (e.g. after Ctrl-C).
             engine.abort_all_requests()
