@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from benchmarks.cli_args import engine_kwargs
-from benchmarks.utils import default_device, parse_dtype
+from benchmarks.utils import default_device, device_info, parse_dtype
 
 
 def standalone_hf_dtype(dtype_flag: str, hf_config: Any) -> torch.dtype:
@@ -51,3 +51,12 @@ def iter_runners(args: argparse.Namespace, hf_config: Any,
             yield runner
         finally:
             runner.close()
+
+
+def offline_result(benchmark: str, args: argparse.Namespace, results: dict[str, dict[str, Any]],
+                   **workload: Any) -> dict[str, Any]:
+    """The JSON document of an offline benchmark: the primary backend's figures at top level
+    (vLLM's field names), every backend's under "results", then device and flags."""
+    return {"benchmark": benchmark, "backend": args.backend, "model": args.model,
+            "load_format": args.load_format, **workload, **results[args.backend],
+            "results": results, "device": device_info(), "args": vars(args)}

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.backends import iter_runners  # noqa: E402
+from benchmarks.backends import iter_runners, offline_result  # noqa: E402
 from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
                                  finalize_model_args)
-from benchmarks.utils import (default_device, device_info, log,  # noqa: E402
+from benchmarks.utils import (default_device, log,  # noqa: E402
                               measure_copy_bandwidth, parse_dtype, random_token_prompts, run_and_emit,
                               summarize, timed, weight_bytes_per_token)
 
@@ -132,20 +132,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for runner in iter_runners(args, hf_config, args.batch_size):
         results[runner.name] = measure(runner, args, prompts)
 
-    result: dict[str, Any] = {
-        "benchmark": "latency",
-        "backend": args.backend,
-        "model": args.model,
-        "load_format": args.load_format,
-        "batch_size": args.batch_size,
-        "input_len": args.input_len,
-        "output_len": args.output_len,
-        "num_iters": args.num_iters,
-        **results[args.backend],
-        "results": results,
-        "device": device_info(),
-        "args": vars(args),
-    }
+    result = offline_result("latency", args, results, batch_size=args.batch_size,
+                            input_len=args.input_len, output_len=args.output_len,
+                            num_iters=args.num_iters)
     if copy is not None:
         primary = results[args.backend]
         weights = weight_bytes_per_token(hf_config, parse_dtype(primary["dtype"]))

@@ -17,11 +17,10 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.backends import iter_runners  # noqa: E402
+from benchmarks.backends import iter_runners, offline_result  # noqa: E402
 from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
                                  finalize_model_args)
-from benchmarks.utils import (device_info, log, random_token_prompts, ratio,  # noqa: E402
-                              run_and_emit, timed)
+from benchmarks.utils import log, random_token_prompts, ratio, run_and_emit, timed  # noqa: E402
 
 _RATIO_KEYS = ("requests_per_second", "output_tokens_per_second", "tokens_per_second")
 
@@ -78,19 +77,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 **throughput_metrics(t["elapsed"], prompts, output_lens)}
         log(f"{runner.name}: {results[runner.name]['output_tokens_per_second']:.1f} output tok/s")
 
-    result: dict[str, Any] = {
-        "benchmark": "throughput",
-        "backend": args.backend,
-        "model": args.model,
-        "load_format": args.load_format,
-        "input_len": args.input_len,
-        "output_len": args.output_len,
-        "num_prompts": args.num_prompts,
-        **results[args.backend],
-        "results": results,
-        "device": device_info(),
-        "args": vars(args),
-    }
+    result = offline_result("throughput", args, results, input_len=args.input_len,
+                            output_len=args.output_len, num_prompts=args.num_prompts)
     if "vllm-volta" in results and "hf" in results:
         result["hf_batch_size"] = args.hf_batch_size
         result["ratio_vs_hf"] = {k: ratio(results["vllm-volta"][k], results["hf"][k])
