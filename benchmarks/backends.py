@@ -44,9 +44,9 @@ def iter_runners(args: argparse.Namespace, hf_config: Any,
 
         if dtype is None:
             dtype = standalone_hf_dtype(args.dtype, hf_config)
-        runner = HFRunner(args.model, dtype=dtype, device=default_device(), load_format=args.load_format,
-                          seed=args.seed, batch_size=hf_batch_size,
-                          temperature=args.temperature)
+        runner = HFRunner(args.model, dtype=dtype, device=default_device(),
+                          load_format=args.load_format, seed=args.seed,
+                          batch_size=hf_batch_size, temperature=args.temperature)
         try:
             yield runner
         finally:

@@ -30,8 +30,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--config", default=None,
                      help=f"shipped config ({', '.join(shipped_configs())}) or a path to a "
                           "config.json / its directory; implies --load-format dummy")
-    parser.add_argument("--load-format", default=None, choices=["auto", "safetensors", "gguf", "dummy"],
-                        help="dummy = random weights built on the device (default with --config)")
+    parser.add_argument("--load-format", default=None,
+                        choices=["auto", "safetensors", "gguf", "dummy"], help="dummy = random weights built on the device (default with --config)")
     parser.add_argument("--seed", type=int, default=0, help="seeds prompts and weights")
     for flag, _, kwargs in _ENGINE_FLAGS:
         parser.add_argument(flag, **kwargs)
