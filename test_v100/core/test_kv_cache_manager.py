@@ -59,8 +59,11 @@ def test_prefix_hit_shares_full_blocks_and_leaves_one_token(make_request):
     # Exactly 12 tokens: the last block must be recomputed (logits of the last token).
     c = make_request(range(12))
     assert kv.get_computed_blocks(c)[1] == 8
+    for num_tokens, num_hit in ((14, 0), (13, 12), (12, 8)):
+        kv.record_prefix_lookup(num_tokens, num_hit)
     stats = kv.prefix_cache_stats
-    assert stats.hits == 20 and stats.queries == 14 + 13 + 12 and stats.hit_requests == 2
+    assert (stats.hits, stats.queries, stats.requests, stats.hit_requests) == (20, 39, 3, 2)
+    assert stats.hit_rate == pytest.approx(20 / 39)
 
 
 def test_freed_prefix_still_hits_and_counts_as_free(make_request):

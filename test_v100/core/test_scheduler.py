@@ -166,3 +166,17 @@ def test_prefix_hit_is_scheduled_from_cached_tokens(make_request):
     out = sched.schedule()
     assert (out.scheduled[0].num_computed_tokens, out.scheduled[0].num_new_tokens) == (12, 1)
     assert b.num_cached_tokens == 12
+    stats = sched.kv_cache_manager.prefix_cache_stats
+    assert (stats.queries, stats.hits, stats.hit_requests) == (26, 12, 1)
+
+
+def test_failed_admission_is_not_counted_as_a_lookup(make_request):
+    sched = make_scheduler(num_blocks=4, max_num_batched_tokens=64)  # 3 usable blocks
+    a = make_request(range(8), max_tokens=5, ignore_eos=True)
+    b = make_request(range(100, 108))
+    sched.add_request(a)
+    sched.add_request(b)
+    for _ in range(3):
+        run_step(sched)  # b needs 2 blocks; a holds 2, then 3 of the 3
+    assert b.status == RequestStatus.WAITING
+    assert sched.kv_cache_manager.prefix_cache_stats.requests == 1

@@ -76,13 +76,15 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        num_hit_tokens = len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count a lookup whose request was admitted (failed admissions retry later)."""
         stats = self.prefix_cache_stats
-        stats.queries += request.num_tokens
+        stats.queries += num_tokens
         stats.hits += num_hit_tokens
         stats.requests += 1
-        stats.hit_requests += bool(hits)
-        return hits, num_hit_tokens
+        stats.hit_requests += num_hit_tokens > 0
 
     def allocate_slots(
         self,

@@ -152,6 +152,8 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, hits) is None:
                 break
             self.waiting.popleft()
+            if self.kv_cache_manager.enable_caching:
+                kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
