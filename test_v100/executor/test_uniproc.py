@@ -41,3 +41,6 @@ def test_uniproc_lifecycle(tmp_path):
     assert out.sampled_token_ids == {"a": [expected]}
     executor.shutdown()
     assert executor.worker is None
+    with pytest.raises(RuntimeError, match="shut down"):
+        executor.execute_model(SchedulerOutput())
+    executor.shutdown()  # idempotent

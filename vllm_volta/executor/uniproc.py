@@ -19,6 +19,8 @@ class UniProcExecutor(Executor):
         self.worker.initialize_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        if self.worker is None:
+            raise RuntimeError("the engine has been shut down; build a new one")
         return self.worker.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
