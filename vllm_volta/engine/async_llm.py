@@ -91,8 +91,10 @@ _STOP = object()
 class AsyncLLM:
     """Asynchronous wrapper that batches all concurrent requests into one LLMEngine."""
 
-    def __init__(self, engine: Any, stat_loggers: list[StatLogger] | None = None) -> None:
+    def __init__(self, engine: Any, stat_loggers: list[StatLogger] | None = None, *,
+                 owns_engine: bool = False) -> None:
         self.engine = engine
+        self.owns_engine = owns_engine  # shut the engine down with the loop
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, RequestStream] = {}  # owned by the engine thread
@@ -106,7 +108,7 @@ class AsyncLLM:
         """Build the engine from ``EngineArgs`` and start the background loop."""
         from vllm_volta.engine.llm_engine import LLMEngine
 
-        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
+        return cls(LLMEngine.from_engine_args(engine_args), owns_engine=True, **kwargs)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -168,7 +170,7 @@ class AsyncLLM:
         self._shutdown = True
         self._commands.put((_STOP,))
         self._thread.join(timeout)
-        if not self._thread.is_alive() and hasattr(self.engine, "shutdown"):
+        if self.owns_engine and not self._thread.is_alive():
             self.engine.shutdown()
 
     # ------------------------------------------------------------- engine thread

@@ -66,16 +66,17 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    """``python -m vllm_volta.entrypoints.openai.api_server`` on 127.0.0.1 and a free port."""
+    """The server on 127.0.0.1 and a free port, started by ``launcher`` (default:
+    ``python -m vllm_volta.entrypoints.openai.api_server``) with ``args``."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 startup_timeout: float = 240.0) -> None:
+                 startup_timeout: float = 240.0, launcher: list[str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm_volta_server_{self.port}.log"
         full_env = {**os.environ, **(env or {})}
-        cmd = [sys.executable, "-m", "vllm_volta.entrypoints.openai.api_server",
-               "--host", "127.0.0.1", "--port", str(self.port),
+        launcher = launcher or [sys.executable, "-m", "vllm_volta.entrypoints.openai.api_server"]
+        cmd = [*launcher, "--host", "127.0.0.1", "--port", str(self.port),
                "--uvicorn-log-level", "warning", *args]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,

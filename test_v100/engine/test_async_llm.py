@@ -1,0 +1,188 @@
+"""AsyncLLM on a real tiny engine: concurrent requests batch correctly (vs transformers),
+excess requests queue, aborts free KV blocks, one bad request or a failed step never stops
+the loop, and shutdown is clean."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from test_v100.entrypoints.openai.utils import build_tiny_llama, hf_greedy
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError
+from vllm_volta.engine.llm_engine import LLMEngine
+from vllm_volta.sampling_params import SamplingParams
+
+MAX_NUM_SEQS = 2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_async")))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    args = EngineArgs(model=model_dir, max_model_len=128, max_num_seqs=MAX_NUM_SEQS,
+                      cpu_kvcache_space=0.01, seed=0)
+    return LLMEngine.from_engine_args(args)
+
+
+class FlakyEngine:
+    """Delegates to a real engine; its next step() raises when armed."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self._engine = engine
+        self.armed = False
+
+    def step(self):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("injected step failure")
+        return self._engine.step()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.fixture
+def llm(engine):
+    flaky = FlakyEngine(engine)
+    async_llm = AsyncLLM(flaky)
+    yield async_llm, flaky
+    async_llm.shutdown()
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+async def final_output(llm: AsyncLLM, prompt, params, request_id):
+    last = None
+    async for out in llm.generate(prompt, params, request_id):
+        last = out
+    return last
+
+
+async def wait_idle(llm: AsyncLLM, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = llm.get_stats()
+        if stats.num_running == 0 and stats.num_waiting == 0 and \
+                stats.num_free_blocks == stats.num_total_blocks:
+            return stats
+        await asyncio.sleep(0.02)
+    return llm.get_stats()
+
+
+def test_concurrent_requests_match_transformers_and_queue(llm, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    async_llm, _ = llm
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompts = ["Hello world", "The quick brown fox", "Volta", "A paged KV cache stores",
+               "Numbers 0123", "hello client!"]
+    lengths = [5, 9, 3, 7, 4, 6]
+    seen_waiting = []
+
+    async def watch(stop: asyncio.Event):
+        while not stop.is_set():
+            seen_waiting.append(async_llm.get_stats().num_waiting)
+            await asyncio.sleep(0.005)
+
+    async def main():
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(stop))
+        outs = await asyncio.gather(*(final_output(async_llm, p, greedy(n), f"r{i}")
+                                      for i, (p, n) in enumerate(zip(prompts, lengths))))
+        stop.set()
+        await watcher
+        return outs
+
+    outs = asyncio.run(main())
+    for out, prompt, n in zip(outs, prompts, lengths):
+        assert out.finished
+        assert list(out.outputs[0].token_ids) == hf_greedy(model, tok.encode(prompt), n)
+    # Six requests, two slots: the rest waited in the scheduler's queue instead of failing.
+    assert max(seen_waiting) >= 1
+
+
+def test_closing_the_stream_aborts_and_frees_blocks(llm):
+    async_llm, _ = llm
+
+    async def main():
+        gen = async_llm.generate("Hello world", greedy(100), "long")
+        first = await gen.__anext__()
+        assert not first.finished
+        assert async_llm.get_stats().num_free_blocks < async_llm.get_stats().num_total_blocks
+        await gen.aclose()
+        return await wait_idle(async_llm)
+
+    stats = asyncio.run(main())
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_running == 0
+
+
+def test_cancelled_consumer_aborts(llm):
+    async_llm, _ = llm
+
+    async def main():
+        task = asyncio.create_task(final_output(async_llm, "Hello", greedy(100), "cancel-me"))
+        while async_llm.get_stats().num_running == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await wait_idle(async_llm)
+
+    stats = asyncio.run(main())
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_bad_request_does_not_disturb_others(llm):
+    async_llm, _ = llm
+
+    async def main():
+        good = asyncio.create_task(final_output(async_llm, "Hello", greedy(6), "good"))
+        with pytest.raises(ValueError, match="max_model_len"):
+            await final_output(async_llm, list(range(5, 300)), greedy(2), "too-long")
+        with pytest.raises(ValueError, match="already in use"):
+            await asyncio.gather(final_output(async_llm, "x", greedy(30), "dup"),
+                                 final_output(async_llm, "y", greedy(30), "dup"))
+        return await good
+
+    out = asyncio.run(main())
+    assert out.finished and len(out.outputs[0].token_ids) == 6
+
+
+def test_step_failure_fails_in_flight_requests_only(llm):
+    async_llm, flaky = llm
+
+    async def main():
+        gen = async_llm.generate("Hello world", greedy(50), "victim")
+        await gen.__anext__()
+        flaky.armed = True
+        with pytest.raises(EngineLoopError, match="injected"):
+            async for _ in gen:
+                pass
+        stats = await wait_idle(async_llm)
+        assert stats.num_free_blocks == stats.num_total_blocks
+        return await final_output(async_llm, "Hello again", greedy(4), "after")
+
+    out = asyncio.run(main())
+    assert out.finished and len(out.outputs[0].token_ids) == 4
+
+
+def test_shutdown(engine):
+    async_llm = AsyncLLM(engine)
+    async_llm.shutdown()
+    assert not async_llm.is_running
+
+    async def main():
+        with pytest.raises(RuntimeError, match="shut down"):
+            await final_output(async_llm, "Hello", greedy(2), "late")
+
+    asyncio.run(main())
