@@ -249,6 +249,8 @@ class AsyncLLM:
             self._fail_all(EngineLoopError(f"engine step failed: {exc}"))
             return
         now = time.monotonic()
+        # Refresh before delivering, so a consumer that sees an output sees its KV usage.
+        self._stats = self._read_stats()
         for out in outputs:
             stream = self._requests.get(out.request_id)
             if stream is None:  # aborted meanwhile

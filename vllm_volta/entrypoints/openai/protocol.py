@@ -130,7 +130,6 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
     # vLLM extras
-    echo: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None

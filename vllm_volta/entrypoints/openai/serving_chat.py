@@ -8,11 +8,11 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
+from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
-from vllm_volta.entrypoints.openai.serving_completion import sse, usage_dict
 from vllm_volta.entrypoints.openai.serving_engine import (
-    LOGPROB_FLOOR, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id)
+    LOGPROB_FLOOR, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id,
+    sse, stream_error, usage_dict)
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
@@ -142,7 +142,6 @@ class OpenAIServingChat(OpenAIServing):
                            "created": created, "model": self.model_name, "choices": [],
                            "usage": usage_dict(len(prompt_ids), sum(sent_tokens))})
         except (OpenAIError, RuntimeError, ValueError) as exc:
-            status = exc.status if isinstance(exc, OpenAIError) else 500
-            yield sse(error_body(str(exc), status))
+            yield stream_error(exc)
         yield sse("[DONE]")
 

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
+from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import CompletionRequest
 from vllm_volta.entrypoints.openai.serving_engine import (
-    OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id)
-
-
-def sse(payload: dict[str, Any] | str) -> str:
-    """One server-sent event."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n"
-
-
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id, sse,
+    stream_error, usage_dict)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -166,6 +155,5 @@ class OpenAIServingCompletion(OpenAIServing):
                            "model": self.model_name, "choices": [],
                            "usage": usage_dict(num_prompt, num_generated)})
         except (OpenAIError, RuntimeError, ValueError) as exc:
-            status = exc.status if isinstance(exc, OpenAIError) else 500
-            yield sse(error_body(str(exc), status))
+            yield stream_error(exc)
         yield sse("[DONE]")

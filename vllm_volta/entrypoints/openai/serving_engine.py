@@ -5,6 +5,7 @@ length checks, SamplingParams construction, and running requests on AsyncLLM
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from vllm_volta.engine.async_llm import AsyncLLM, RequestError, RequestStream
-from vllm_volta.entrypoints.openai.errors import OpenAIError
+from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
 from vllm_volta.sampling_params import SamplingParams
 
 # Logprobs of -inf are not valid JSON; clients get vLLM's floor instead.
@@ -205,3 +206,23 @@ async def collect_final(streams: list[RequestStream],
 
 def now_s() -> int:
     return int(time.time())
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def stream_error(exc: Exception) -> str:
+    """An error met after the stream started: sent as an event (headers are gone)."""
+    if isinstance(exc, OpenAIError):
+        status = exc.status
+    else:  # RequestError (bad input found by the engine) is a ValueError
+        status = 400 if isinstance(exc, ValueError) else 500
+    return sse(error_body(str(exc), status))
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
