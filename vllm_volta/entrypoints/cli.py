@@ -9,11 +9,11 @@ from vllm_volta.entrypoints.openai.cli_args import add_server_args
 
 def make_parser() -> argparse.ArgumentParser:
     """The top-level parser with its subcommands."""
-    from vllm_volta.entrypoints.openai.api_server import package_version
+    from vllm_volta import __version__
 
     parser = argparse.ArgumentParser(prog="vllm-volta",
                                      description="vLLM's API, fast on V100/T4 and newer GPUs")
-    parser.add_argument("--version", action="version", version=package_version())
+    parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="Start the OpenAI-compatible server",
                            description="Start the OpenAI-compatible server. Without MODEL "

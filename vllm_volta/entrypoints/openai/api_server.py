@@ -35,15 +35,7 @@ logger = init_logger(__name__)
 def package_version() -> str:
     import vllm_volta
 
-    version = getattr(vllm_volta, "__version__", None)
-    if version:
-        return version
-    from importlib.metadata import PackageNotFoundError, version as dist_version
-
-    try:
-        return dist_version("vllm-volta")
-    except PackageNotFoundError:
-        return "unknown"
+    return vllm_volta.__version__
 
 
 class APIKeyMiddleware:
@@ -158,7 +150,7 @@ def run_server(args: argparse.Namespace) -> None:
                 served_names(args, engine)[0], host, args.port)
     try:
         uvicorn.run(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
-                    timeout_keep_alive=5)
+                    timeout_keep_alive=5, timeout_graceful_shutdown=5)
     finally:
         engine.shutdown()
 

@@ -19,9 +19,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("server")
     group.add_argument("--host", type=str, default=None, help="Host to bind (default: all).")
     group.add_argument("--port", type=int, default=8000, help="Port to listen on.")
-    group.add_argument("--api-key", type=str, default=os.environ.get("VLLM_API_KEY"),
-                       help="Require 'Authorization: Bearer <key>' on /v1/* (also read from "
-                            "VLLM_API_KEY).")
+    group.add_argument("--api-key", type=str, default=None,
+                       help="Require 'Authorization: Bearer <key>' on /v1/*.")
     group.add_argument("--chat-template", type=str, default=None,
                        help="Chat template: a file path or the Jinja template inline.")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
