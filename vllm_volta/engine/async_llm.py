@@ -226,8 +226,10 @@ class AsyncLLM:
     def _run(self) -> None:
         try:
             while self._drain_commands():
-                if self._requests:
+                if self._requests and self.engine.has_unfinished_requests():
                     self._step()
+                elif self._requests:  # the engine dropped them silently: never spin on it
+                    self._fail_all(EngineLoopError("the engine lost track of the request"))
                 self._stats = self._read_stats()
         finally:
             self._fail_all(RuntimeError("AsyncLLM is shut down"))
@@ -255,7 +257,10 @@ class AsyncLLM:
             stream = self._requests.get(out.request_id)
             if stream is None:  # aborted meanwhile
                 continue
-            self._record_timing(stream, out, now)
+            try:
+                self._record_timing(stream, out, now)
+            except Exception:  # metrics are best effort; the output still goes out
+                logger.exception("stat logger failed")
             if out.finished:
                 del self._requests[out.request_id]
             stream._put(out)

@@ -125,6 +125,7 @@ class RemoteServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> RemoteServer:
         return self
