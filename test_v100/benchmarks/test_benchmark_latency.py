@@ -5,11 +5,10 @@ import json
 import statistics
 
 import pytest
-import torch
 from transformers import AutoConfig
 
 from benchmarks import benchmark_latency
-from benchmarks.utils import CONFIGS_DIR, weight_bytes_per_token
+from benchmarks.utils import CONFIGS_DIR, parse_dtype, weight_bytes_per_token
 
 TINY = ["--config", "tiny-llama", "--batch-size", "2", "--input-len", "8", "--output-len", "4",
         "--num-iters", "3", "--num-iters-warmup", "1"]
@@ -38,7 +37,8 @@ def test_hf_backend_with_roofline(capsys):
     hf = result["results"]["hf"]
     roof = result["roofline"]
     cfg = AutoConfig.from_pretrained(CONFIGS_DIR / "tiny-llama")
-    expected_bytes = weight_bytes_per_token(cfg, torch.float32)["weight_bytes_per_token"]
+    dtype = parse_dtype(result["dtype"])
+    expected_bytes = weight_bytes_per_token(cfg, dtype)["weight_bytes_per_token"]
     assert roof["weight_bytes_per_token"] == expected_bytes
     assert roof["copy_bandwidth_bytes_per_s"] > 0
     if hf["decode_time_per_token"] > 0:

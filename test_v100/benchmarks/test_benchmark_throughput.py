@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from transformers import AutoConfig
 
 from benchmarks import benchmark_throughput
+from benchmarks.backends import standalone_hf_dtype
 
 TINY = ["--config", "tiny-llama", "--input-len", "12", "--output-len", "5", "--num-prompts", "6"]
 METRICS = ("elapsed_time", "num_requests", "total_prompt_tokens", "total_output_tokens",
@@ -34,7 +37,12 @@ def test_hf_backend(capsys):
     assert list(result["results"]) == ["hf"]
     check_metrics(result, 6, 12, 5)
     check_metrics(result["results"]["hf"], 6, 12, 5)
-    assert result["results"]["hf"]["dtype"] == "float32"  # CPU 'auto'
+    # 'auto' alone: the dtype the platform picks for this config (float32 on CPU).
+    cfg = AutoConfig.from_pretrained(result["model"])
+    expected = str(standalone_hf_dtype("auto", cfg)).removeprefix("torch.")
+    assert result["results"]["hf"]["dtype"] == expected
+    if not torch.cuda.is_available():
+        assert expected == "float32"
     assert "ratio_vs_hf" not in result
 
 
