@@ -39,7 +39,9 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.make_sampling_params(max_tokens=max_tokens, **request.sampling_kwargs(),
                                            **extra)
         request_id = request.request_id or random_id("cmpl")
-        prompt_texts = [p if isinstance(p, str) else self.tokenizer.decode(ids)
+        # Without a tokenizer (--skip-tokenizer-init) only token-id prompts arrive; echo gives "".
+        prompt_texts = [p if isinstance(p, str) else
+                        (self.tokenizer.decode(ids) if self.tokenizer is not None else "")
                         for p, ids in zip(prompts, prompt_ids)]
         streams = await self.add_requests(request_id, prompt_ids, params)
         if request.stream:

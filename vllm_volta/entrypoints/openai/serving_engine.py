@@ -66,6 +66,9 @@ class OpenAIServing:
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         """Token ids of a prompt (text or ids); ids are checked against the vocabulary."""
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise OpenAIError("text prompts need a tokenizer; this server was started with "
+                                  "--skip-tokenizer-init, so send token ids", 400, "prompt")
             ids = list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
         else:
             ids = self.check_token_ids(prompt, "prompt")
@@ -110,7 +113,7 @@ class OpenAIServing:
     def decode_token(self, token_id: int, logprob: Any = None) -> str:
         text = getattr(logprob, "decoded_token", None)
         if text is None:
-            text = self.tokenizer.decode([token_id])
+            text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
         return text
 
     async def add_requests(self, request_id: str, prompts: list[list[int]],
