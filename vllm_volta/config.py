@@ -115,7 +115,8 @@ class ModelConfig:
     def _resolve_source(self) -> None:
         from vllm_volta.transformers_utils.config import resolve_model_source
         source = resolve_model_source(self.model, revision=self.revision,
-                                      trust_remote_code=self.trust_remote_code)
+                                      trust_remote_code=self.trust_remote_code,
+                                      require_weights=self.load_format != "dummy")
         self.hf_config = source.hf_config
         self.model_path = str(source.path)
 

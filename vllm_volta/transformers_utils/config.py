@@ -34,8 +34,12 @@ class ModelSource:
 
 
 def resolve_model_source(model: str, revision: str | None = None,
-                         trust_remote_code: bool = False) -> ModelSource:
-    """Find ``model`` locally or on the hub and load its config."""
+                         trust_remote_code: bool = False,
+                         require_weights: bool = True) -> ModelSource:
+    """Find ``model`` locally or on the hub and load its config.
+
+    ``require_weights=False`` (load format "dummy") accepts a folder holding only config.json.
+    """
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise ValueError(f"model must be a local path or a hub name, got {model!r}")
     model = str(model)
@@ -46,7 +50,7 @@ def resolve_model_source(model: str, revision: str | None = None,
         raise ValueError(f"model path {model!r} does not exist")
     else:
         path = download_from_hub(model, revision)
-    return _source_at(model, path, trust_remote_code)
+    return _source_at(model, path, trust_remote_code, require_weights)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -55,14 +59,15 @@ def _looks_like_path(model: str) -> bool:
             or model.count("/") > 1 or os.sep != "/" and os.sep in model)
 
 
-def _source_at(model: str, path: Path, trust_remote_code: bool) -> ModelSource:
+def _source_at(model: str, path: Path, trust_remote_code: bool,
+               require_weights: bool = True) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass a .gguf file or "
                              "a folder with config.json and *.safetensors")
         return ModelSource(model, path, "gguf", _gguf_config(path))
     if (path / "config.json").is_file():
-        if not list_safetensors(path):
+        if require_weights and not list_safetensors(path):
             raise ValueError(f"model folder {str(path)!r} has config.json but no *.safetensors "
                              "weights (only safetensors and GGUF checkpoints are supported)")
         from transformers import AutoConfig
