@@ -8,6 +8,7 @@ shifted to their context offset, since their new tokens are the LAST ``q_len`` o
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +47,47 @@ class TorchSDPABackend:
         return TorchSDPAImpl
 
 
+@dataclass
+class _Plan:
+    """Per-step work split, built once per metadata and shared by every layer."""
+
+    decode_tokens: torch.Tensor | None = None  # [Bd] token index of each decode sequence
+    decode_blocks: torch.Tensor | None = None  # [Bd, nb] their block tables, cut to the longest
+    decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] True = context position is valid
+    decode_len: int = 0
+    # (start token, q_len, seq_len, blocks [nb], causal mask [q_len, seq_len] or None)
+    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]] = field(
+        default_factory=list)
+
+
+def _build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
+    plan = _Plan()
+    device = md.block_table.device
+    starts = md.query_start_loc_cpu.tolist()
+    seq_lens = md.seq_lens_cpu.tolist()
+    decodes = [i for i in range(len(seq_lens)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        lens = torch.tensor([seq_lens[i] for i in decodes])
+        plan.decode_len = int(lens.max())
+        num_blocks = -(-plan.decode_len // block_size)
+        plan.decode_tokens = torch.tensor([starts[i] for i in decodes], device=device)
+        plan.decode_blocks = md.block_table[torch.tensor(decodes, device=device),
+                                            :num_blocks].long()
+        mask = torch.arange(plan.decode_len)[None, :] < lens[:, None]
+        plan.decode_mask = mask[:, None, None, :].to(device)
+    for i, seq_len in enumerate(seq_lens):
+        q_len = starts[i + 1] - starts[i]
+        if q_len <= 1:
+            continue
+        blocks = md.block_table[i, : -(-seq_len // block_size)].long()
+        mask = None  # q_len == seq_len: nothing cached before, plain causal
+        if q_len != seq_len:  # query j sits at absolute position seq_len - q_len + j
+            q_pos = torch.arange(seq_len - q_len, seq_len)
+            mask = (torch.arange(seq_len)[None, :] <= q_pos[:, None]).to(device)
+        plan.prefills.append((starts[i], q_len, seq_len, blocks, mask))
+    return plan
+
+
 class TorchSDPAImpl:
     """Attention over the paged cache with torch's scaled_dot_product_attention."""
 
@@ -64,25 +106,30 @@ class TorchSDPAImpl:
         """query [T, H*D] -> [T, H*D]; the new key/value are already in ``kv_cache``."""
         del key, value  # read back from the cache, which now holds the whole context
         md = attn_metadata
+        plan = getattr(md, "_torch_sdpa_plan", None)
+        if plan is None:  # first layer of this step
+            plan = md._torch_sdpa_plan = _build_plan(md, kv_cache.shape[2])
         num_tokens = md.num_actual_tokens
         q = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         output = torch.zeros_like(query)
         out = output[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         key_cache, value_cache = kv_cache[0], kv_cache[1]
-
-        starts = md.query_start_loc_cpu.tolist()
-        seq_lens = md.seq_lens_cpu.tolist()
-        decode_seqs = [i for i in range(len(seq_lens)) if starts[i + 1] - starts[i] == 1]
-        if decode_seqs:
-            self._decode(q, out, key_cache, value_cache, md, decode_seqs, starts, seq_lens)
-        for i in range(len(seq_lens)):
-            q_len = starts[i + 1] - starts[i]
-            if q_len > 1:
-                self._prefill(q, out, key_cache, value_cache, md, i, starts[i], q_len, seq_lens[i])
+        if plan.decode_tokens is not None:  # all one-token sequences as one padded batch
+            k = self._gather_kv(key_cache, plan.decode_blocks, plan.decode_len)  # [B, H, L, D]
+            v = self._gather_kv(value_cache, plan.decode_blocks, plan.decode_len)
+            qb = q[plan.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
+            res = self._sdpa(qb, k, v, plan.decode_mask)
+            out[plan.decode_tokens] = res.squeeze(2).to(out.dtype)
+        for start, q_len, seq_len, blocks, mask in plan.prefills:
+            k = self._gather_kv(key_cache, blocks, seq_len)  # [H, L, D]
+            v = self._gather_kv(value_cache, blocks, seq_len)
+            qs = q[start:start + q_len].transpose(0, 1)  # [H, q_len, D]
+            res = self._sdpa(qs, k, v, mask, is_causal=mask is None)
+            out[start:start + q_len] = res.transpose(0, 1).to(out.dtype)
         return output
 
     def _gather_kv(self, cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
-        """Context of ``length`` tokens from ``blocks`` ([..., nb]) -> [..., KH, length, D]."""
+        """Context of ``length`` tokens from ``blocks`` ([..., nb]) -> [..., H, length, D]."""
         gathered = cache[blocks]  # [..., nb, block_size, KH, D]
         gathered = gathered.flatten(-4, -3)[..., :length, :, :]  # [..., length, KH, D]
         gathered = gathered.transpose(-3, -2)
@@ -91,43 +138,7 @@ class TorchSDPAImpl:
         return gathered
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+              mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
         # SDPA wants matching dtypes; the cache dtype is the model's activation dtype.
         return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                                               is_causal=is_causal, scale=self.scale)
-
-    def _decode(self, q: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor,
-                value_cache: torch.Tensor, md: AttentionMetadata, seqs: list[int],
-                starts: list[int], seq_lens: list[int]) -> None:
-        """All one-token sequences as one batch, padded to the longest context."""
-        block_size = key_cache.shape[1]
-        max_len = max(seq_lens[i] for i in seqs)
-        num_blocks = -(-max_len // block_size)
-        device = q.device
-        seq_idx = torch.tensor(seqs, device=device)
-        tok_idx = torch.tensor([starts[i] for i in seqs], device=device)
-        lens = torch.tensor([seq_lens[i] for i in seqs], device=device)
-        blocks = md.block_table[seq_idx, :num_blocks].long()
-        k = self._gather_kv(key_cache, blocks, max_len)  # [B, H, L, D]
-        v = self._gather_kv(value_cache, blocks, max_len)
-        mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [B, L]
-        qb = q[tok_idx].unsqueeze(2)  # [B, H, 1, D]
-        res = self._sdpa(qb, k, v, mask[:, None, None, :], is_causal=False)
-        out[tok_idx] = res.squeeze(2).to(out.dtype)
-
-    def _prefill(self, q: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor,
-                 value_cache: torch.Tensor, md: AttentionMetadata, seq: int, start: int,
-                 q_len: int, seq_len: int) -> None:
-        """One sequence whose ``q_len`` new tokens are the last positions of ``seq_len``."""
-        block_size = key_cache.shape[1]
-        blocks = md.block_table[seq, : -(-seq_len // block_size)].long()
-        k = self._gather_kv(key_cache, blocks, seq_len)  # [H, L, D]
-        v = self._gather_kv(value_cache, blocks, seq_len)
-        qs = q[start:start + q_len].transpose(0, 1)  # [H, q_len, D]
-        if q_len == seq_len:  # nothing cached before: plain causal
-            res = self._sdpa(qs, k, v, None, is_causal=True)
-        else:  # query j sits at absolute position seq_len - q_len + j
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
-            res = self._sdpa(qs, k, v, mask, is_causal=False)
-        out[start:start + q_len] = res.transpose(0, 1).to(out.dtype)
