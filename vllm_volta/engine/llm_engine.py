@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +16,15 @@ from vllm_volta.config import VllmConfig
 from vllm_volta.core.request import Request, RequestStatus
 from vllm_volta.core.request_group import RequestGroup
 from vllm_volta.core.scheduler import Scheduler
+from vllm_volta.core.stats import EngineStats, StatLogger
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.executor.abstract import Executor
-from vllm_volta.logger import init_logger
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
 
-logger = init_logger(__name__)
+__all__ = ["EngineStats", "LLMEngine"]
 
 PromptInput = str | list[int] | Mapping[str, Any]
-
-
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's load (token counters are totals since start)."""
-
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    num_free_blocks: int
-    num_total_blocks: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_preemptions_total: int = 0
-    prefix_cache_queries_total: int = 0   # prompt tokens looked up in the prefix cache
-    prefix_cache_hits_total: int = 0      # of which found cached
 
 
 class LLMEngine:
@@ -51,7 +34,7 @@ class LLMEngine:
                  log_stats: bool = False) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
-        self.log_stats = log_stats
+        self.stat_logger = StatLogger() if log_stats else None
         self.tokenizer = None
         if not self.model_config.skip_tokenizer_init:
             from vllm_volta.transformers_utils.tokenizer import get_tokenizer
@@ -229,14 +212,9 @@ class LLMEngine:
                 outputs.append(group.make_output())
             if finished:
                 del self._groups[rid]
-        if self.log_stats and sched_out.scheduled:
-            self._log_step(sched_out.total_num_scheduled_tokens)
+        if self.stat_logger is not None:
+            self.stat_logger.maybe_log(self.get_stats())
         return outputs
-
-    def _log_step(self, num_tokens: int) -> None:
-        s = self.get_stats()
-        logger.debug("step: %d tokens, %d running, %d waiting, KV cache %.1f%%", num_tokens,
-                     s.num_running, s.num_waiting, 100 * s.kv_cache_usage)
 
     def get_stats(self) -> EngineStats:
         sched = self.scheduler
