@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
+from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
 from vllm_volta.model_executor.model_loader.loader import get_model
 from vllm_volta.transformers_utils.config import resolve_model_source
@@ -69,12 +70,10 @@ class PagedRunner:
 
     def __init__(self, model: torch.nn.Module, num_blocks: int = 64, block_size: int = 4,
                  device: str = "cpu", seed: int = 0) -> None:
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (2, num_blocks, block_size, cfg.num_key_value_heads, head_dim)
+        attn = [m for m in model.modules() if isinstance(m, Attention)]  # per-rank head counts
+        shape = (2, num_blocks, block_size, attn[0].num_kv_heads, attn[0].head_size)
         dtype = next(model.parameters()).dtype
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device)
-                          for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in attn]
         self.model, self.block_size, self.device = model, block_size, device
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)  # non-contiguous blocks exercise the block table

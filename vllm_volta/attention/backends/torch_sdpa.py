@@ -4,6 +4,8 @@ Keys/values are gathered from the paged cache through the block table and handed
 ``torch.nn.functional.scaled_dot_product_attention``. Decode sequences (one new token each) run
 as one padded batch; prefill (and chunked-prefill) sequences run one by one with a causal mask
 shifted to their context offset, since their new tokens are the LAST ``q_len`` of ``seq_len``.
+That split is worked out by the first layer of a step and cached on the AttentionMetadata, so a
+metadata object must not be changed in place once a forward pass has used it.
 """
 
 from __future__ import annotations
