@@ -6,6 +6,7 @@ subclass only says which of those options its config means (``attention_options`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -148,7 +149,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         with default_dtype(dtype):
             self.model = LlamaModel(hf_config, attn_backend, self.attention_options(hf_config))
-            self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+            # A tied head's own weight is never used: build it on "meta" (no memory), then tie.
+            with torch.device("meta") if self.tie_word_embeddings else contextlib.nullcontext():
+                self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
