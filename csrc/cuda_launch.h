@@ -10,7 +10,7 @@
 
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/c/shim.h>
-#include <torch/csrc/stable/macros.h>
+#include <torch/headeronly/util/shim_utils.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -24,7 +24,7 @@ inline void check_cuda(const char* op, const char* arg, const Tensor& t) {
 // The stream PyTorch is currently using on the tensor's device (CUDA-graph capture safe).
 inline cudaStream_t current_stream(const Tensor& t) {
   void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
   return static_cast<cudaStream_t>(stream);
 }
 

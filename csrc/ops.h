@@ -5,6 +5,8 @@
 
 #include <torch/csrc/stable/tensor.h>
 
+#include <cstdint>
+
 namespace vllm_volta {
 
 using torch::stable::Tensor;
@@ -22,6 +24,9 @@ void meta_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, doubl
 void meta_silu_and_mul(Tensor result, Tensor input);
 void meta_gelu_and_mul(Tensor out, Tensor input);
 void meta_gelu_tanh_and_mul(Tensor out, Tensor input);
+void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
+void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
+                                 double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -30,6 +35,11 @@ void native_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, dou
 void native_silu_and_mul(Tensor result, Tensor input);
 void native_gelu_and_mul(Tensor out, Tensor input);
 void native_gelu_tanh_and_mul(Tensor out, Tensor input);
+
+// ---- paged KV cache + decode attention, Volta-safe, CUDA in every build ----
+void reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
+void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
+                            double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
 #endif
 
 }  // namespace vllm_volta

@@ -4,10 +4,12 @@
 //   Meta  : validation only (shape/dtype checks; these ops return nothing)
 //   CUDA  : the adapter here when VLLM_V100_ADAPTER, else the native kernels
 //           (csrc/cuda_bindings.cpp, under #ifndef VLLM_V100_ADAPTER)
+// The paged-attention ops have CUDA kernels only (Volta-safe, registered in every CUDA
+// build by csrc/cuda_bindings.cpp) plus Meta.
 // `_C_adapter` exposes the same adapter functions under their own namespace so a
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
+#include "attention_checks.h"
 #include "ops.h"
-#include "op_checks.h"
 
 #include <torch/csrc/stable/library.h>
 
@@ -27,6 +29,15 @@ void meta_gelu_and_mul(Tensor out, Tensor input) {
 }
 void meta_gelu_tanh_and_mul(Tensor out, Tensor input) {
   check_act_and_mul_args("gelu_tanh_and_mul", "out", out, input);
+}
+
+void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping) {
+  check_reshape_and_cache_args(key, value, kv_cache, slot_mapping);
+}
+void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
+                                 double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads) {
+  check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len, partition_size,
+                          num_threads);
 }
 
 }  // namespace vllm_volta
@@ -49,6 +60,10 @@ using namespace vllm_volta;
 
 STABLE_TORCH_LIBRARY(_C, m) {
   VLLM_VOLTA_DEFINE_NORM_ACT_SCHEMAS(m);
+  // Paged KV cache [2, num_blocks, block_size, num_kv_heads, head_size] (docs/ARCHITECTURE.md).
+  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()");
+  m.def("paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, "
+        "Tensor seq_lens, float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -61,6 +76,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("silu_and_mul", TORCH_BOX(&meta_silu_and_mul));
   m.impl("gelu_and_mul", TORCH_BOX(&meta_gelu_and_mul));
   m.impl("gelu_tanh_and_mul", TORCH_BOX(&meta_gelu_tanh_and_mul));
+  m.impl("reshape_and_cache", TORCH_BOX(&meta_reshape_and_cache));
+  m.impl("paged_attention_decode", TORCH_BOX(&meta_paged_attention_decode));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

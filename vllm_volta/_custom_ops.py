@@ -43,3 +43,25 @@ def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
 def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     """out <- gelu_tanh(input[..., :d]) * input[..., d:] (tanh approximation)."""
     torch.ops._C.gelu_tanh_and_mul(out, input)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """Write key/value rows ([T, KH, D] or [T, KH*D]) into the paged ``kv_cache``
+    ([2, num_blocks, block_size, KH, D]) at ``slot_mapping`` (int64; -1 = skip). CUDA only."""
+    torch.ops._C.reshape_and_cache(key, value, kv_cache, slot_mapping)
+
+
+def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           max_seq_len: int, partition_size: int = 512, num_threads: int = 128) -> None:
+    """One query token per sequence attends to its whole cached context. CUDA only.
+
+    ``query``/``out`` are [num_seqs, num_heads, head_size] (query rows may be strided);
+    ``block_table`` [num_seqs, max_blocks] int32; ``seq_lens`` [num_seqs] int32 (context length
+    including the query token, already in the cache). ``max_seq_len`` must bound every seq_len:
+    the launch grid depends only on it, so a CUDA graph captured with max_model_len replays for
+    any lengths. ``partition_size``/``num_threads`` are tunable launch parameters.
+    """
+    torch.ops._C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
+                                        max_seq_len, partition_size, num_threads)

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <torch/csrc/stable/c/shim.h>
-#include <torch/csrc/stable/macros.h>
+#include <torch/headeronly/util/shim_utils.h>
 #include <torch/csrc/stable/stableivalue_conversions.h>
 #include <torch/csrc/stable/tensor.h>
 
@@ -22,7 +22,7 @@ using torch::stable::detail::to;
 
 template <size_t N>
 inline void call(const char* op, const char* overload, std::array<StableIValue, N>& stack) {
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(op, overload, stack.data(), TORCH_ABI_VERSION));
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(op, overload, stack.data(), TORCH_ABI_VERSION));
 }
 
 // x / (1 + exp(-x)), computed in fp32 for reduced-precision inputs.

@@ -9,14 +9,14 @@ import torch
 import vllm_volta._custom_ops  # noqa: F401  (loads vllm_volta._C)
 
 _NO_GPU = not torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(_NO_GPU, reason="needs a CUDA GPU")
 
 # (device, op namespace). On CUDA, `_C` is the native kernel (or the adapter in a V100
 # build) and `_C_adapter` always the adapter; on CPU both are the adapter, so test one.
 DEVICE_LIBS = [
     pytest.param("cpu", "_C", id="cpu"),
-    pytest.param("cuda", "_C", id="cuda-C", marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_GPU, reason="needs a CUDA GPU")]),
-    pytest.param("cuda", "_C_adapter", id="cuda-adapter",
-                 marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_GPU, reason="needs a CUDA GPU")]),
+    pytest.param("cuda", "_C", id="cuda-C", marks=[pytest.mark.gpu, requires_gpu]),
+    pytest.param("cuda", "_C_adapter", id="cuda-adapter", marks=[pytest.mark.gpu, requires_gpu]),
 ]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -34,7 +34,8 @@ def nvcc_results(tmp_path_factory):
 
 
 def test_there_are_cuda_sources():
-    assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu"}
+    assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu", "cache_kernels.cu",
+                                          "attention_kernels.cu"}
 
 
 @needs_nvcc
@@ -58,6 +59,12 @@ NVRTC_UNITS = {
         for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
         for a in ("kSilu", "kGelu", "kGeluTanh")
     ],
+    "kernels/paged_attention.cuh": [
+        f"&vllm_volta::paged_attention_decode_kernel<{t}, {d}, {hpb}>"
+        for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256) for hpb in (1, 8)
+    ] + [f"&vllm_volta::paged_attention_reduce_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
+    "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
+                          for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],
 }
 
 

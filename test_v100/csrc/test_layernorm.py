@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from .op_cases import DEVICE_LIBS, DTYPES, TOLERANCES, lib, rows_with_stride, skip_unsupported
+from .op_cases import DEVICE_LIBS, DTYPES, TOLERANCES, lib, requires_gpu, rows_with_stride, skip_unsupported
 
 EPS = 1e-6
 HIDDEN_SIZES = [1, 7, 33, 4096, 4097]
@@ -121,7 +121,7 @@ def test_fused_add_rms_norm_bad_input(device, namespace):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@requires_gpu
 @pytest.mark.parametrize("namespace", ["_C", "_C_adapter"])
 def test_device_mismatch_is_an_error(namespace):
     x = torch.randn(4, 8, dtype=torch.float16, device="cuda")

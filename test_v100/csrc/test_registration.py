@@ -20,6 +20,15 @@ ADAPTED_OPS = {
     "gelu_tanh_and_mul": "gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()",
 }
 
+# Volta-safe CUDA kernels registered in every CUDA build (no CPU kernel), plus Meta.
+CUDA_ONLY_OPS = {
+    "reshape_and_cache": "reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()",
+    "paged_attention_decode": (
+        "paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()"
+    ),
+}
+
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")
 
 
@@ -37,9 +46,9 @@ def registrations(qualified_name: str) -> dict[str, list[str]]:
     return found
 
 
-@pytest.mark.parametrize("op", list(ADAPTED_OPS))
-def test_schema_is_vllms(op):
-    assert same_schema(getattr(torch.ops._C, op).default._schema, "_C", ADAPTED_OPS[op])
+@pytest.mark.parametrize("op", list(ADAPTED_OPS) + list(CUDA_ONLY_OPS))
+def test_schema(op):
+    assert same_schema(getattr(torch.ops._C, op).default._schema, "_C", {**ADAPTED_OPS, **CUDA_ONLY_OPS}[op])
 
 
 @pytest.mark.parametrize("op", list(ADAPTED_OPS))
@@ -54,6 +63,15 @@ def test_exactly_one_kernel_per_dispatch_key(op):
     if C.BUILT_WITH_CUDA:
         source = "torch_bindings.cpp" if C.V100_ADAPTER else "cuda_bindings.cpp"
         assert regs["CUDA"][0].endswith(source), (C.V100_ADAPTER, regs["CUDA"])
+
+
+@pytest.mark.parametrize("op", list(CUDA_ONLY_OPS))
+def test_attention_ops_have_one_cuda_kernel_in_every_cuda_build(op):
+    regs = registrations(f"_C::{op}")
+    assert set(regs) == {"Meta"} | ({"CUDA"} if C.BUILT_WITH_CUDA else set()), regs
+    assert all(len(files) == 1 for files in regs.values()), regs
+    if C.BUILT_WITH_CUDA:
+        assert regs["CUDA"][0].endswith("cuda_bindings.cpp")
 
 
 @pytest.mark.parametrize("op", list(ADAPTED_OPS))

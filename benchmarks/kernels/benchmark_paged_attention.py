@@ -1,0 +1,142 @@
+"""Bandwidth of the paged-attention decode kernel (torch.ops._C.paged_attention_decode).
+
+    python benchmarks/kernels/benchmark_paged_attention.py --batch-size 64 --context-len 4096 \\
+        --num-kv-heads 8 --num-heads 32 --head-size 128 --dtype half
+
+Every sequence has --context-len cached tokens spread over random blocks; one decode step reads
+the whole K and V context once. Bytes per call = K + V context (+ queries and outputs);
+achieved bandwidth is compared with the device-to-device copy bandwidth measured in the same
+run. Launch parameters: --partition-size / --num-threads, else the tuned kernel config for this
+shape and device (vllm_volta/kernel_configs.py), else the backend's default. Target (issue 5):
+>= 75% of copy bandwidth at batch 64 x context 4096 x 8 KV heads x head dim 128, fp16.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from benchmarks.kernels.kernel_timing import time_per_call  # noqa: E402
+from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, run_and_emit  # noqa: E402
+from vllm_volta import _custom_ops as ops  # noqa: E402
+from vllm_volta.attention.backends.volta_paged import DEFAULT_LAUNCH_CONFIG  # noqa: E402
+
+TARGET_FRACTION = 0.75
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context-len", type=int, default=4096)
+    p.add_argument("--num-heads", type=int, default=32)
+    p.add_argument("--num-kv-heads", type=int, default=8)
+    p.add_argument("--head-size", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="half")
+    p.add_argument("--iters", type=int, default=50)
+
+
+def check_shape_args(args: argparse.Namespace) -> None:
+    for name in ("context_len", "num_heads", "num_kv_heads", "head_size", "block_size", "iters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.num_heads % args.num_kv_heads:
+        raise ValueError(f"--num-heads ({args.num_heads}) must be a multiple of --num-kv-heads ({args.num_kv_heads})")
+
+
+def make_decode_inputs(args: argparse.Namespace, batch_size: int, device: torch.device) -> dict[str, Any]:
+    """Cache, block table, lengths, queries for `batch_size` sequences of --context-len tokens."""
+    dtype = parse_dtype(args.dtype)
+    blocks_per_seq = math.ceil(args.context_len / args.block_size)
+    num_blocks = batch_size * blocks_per_seq + 1
+    kv_cache = torch.randn(2, num_blocks, args.block_size, args.num_kv_heads, args.head_size,
+                           dtype=dtype, device=device)
+    table = (torch.randperm(num_blocks - 1, device=device)[: batch_size * blocks_per_seq] + 1)
+    return dict(
+        kv_cache=kv_cache,
+        block_table=table.view(batch_size, blocks_per_seq).to(torch.int32),
+        seq_lens=torch.full((batch_size,), args.context_len, dtype=torch.int32, device=device),
+        query=torch.randn(batch_size, args.num_heads, args.head_size, dtype=dtype, device=device),
+        out=torch.empty(batch_size, args.num_heads, args.head_size, dtype=dtype, device=device),
+    )
+
+
+def bytes_per_call(args: argparse.Namespace, batch_size: int) -> int:
+    elt = parse_dtype(args.dtype).itemsize
+    kv = 2 * batch_size * args.context_len * args.num_kv_heads * args.head_size * elt
+    return kv + 2 * batch_size * args.num_heads * args.head_size * elt
+
+
+def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[str, int],
+                device: torch.device) -> float:
+    """Seconds per decode call with the given launch parameters."""
+    def call() -> None:
+        ops.paged_attention_decode(inputs["out"], inputs["query"], inputs["kv_cache"], inputs["block_table"],
+                                   inputs["seq_lens"], 1.0 / math.sqrt(args.head_size), args.context_len,
+                                   launch["partition_size"], launch["num_threads"])
+
+    return time_per_call(call, [()], device, iters=args.iters)
+
+
+def launch_config(args: argparse.Namespace) -> tuple[dict[str, int], str]:
+    if args.partition_size is not None or args.num_threads is not None:
+        return {"partition_size": args.partition_size or DEFAULT_LAUNCH_CONFIG["partition_size"],
+                "num_threads": args.num_threads or DEFAULT_LAUNCH_CONFIG["num_threads"]}, "command line"
+    from vllm_volta.kernel_configs import load_kernel_config_table
+
+    table = load_kernel_config_table("paged_attention_decode", head_size=args.head_size,
+                                     num_kv_heads=args.num_kv_heads, dtype=parse_dtype(args.dtype))
+    if not table:
+        return dict(DEFAULT_LAUNCH_CONFIG), "default"
+    nearest = min(table, key=lambda b: (abs(b - args.batch_size), b))
+    return {k: int(table[nearest][k]) for k in DEFAULT_LAUNCH_CONFIG}, f"tuned (batch {nearest})"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-size", type=int, default=64)
+    add_shape_args(p)
+    p.add_argument("--partition-size", type=int, default=None)
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--copy-bytes", type=int, default=1 << 30)
+    p.add_argument("--output-json", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    check_shape_args(args)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        raise RuntimeError("benchmark_paged_attention needs a CUDA GPU")
+    device = torch.device("cuda")
+    copy_bw = measure_copy_bandwidth(device, args.copy_bytes)["bandwidth_bytes_per_s"]
+    launch, source = launch_config(args)
+    inputs = make_decode_inputs(args, args.batch_size, device)
+    seconds = time_decode(inputs, args, launch, device)
+    nbytes = bytes_per_call(args, args.batch_size)
+    bw = nbytes / seconds
+    log(f"paged decode: {seconds * 1e6:.1f} us, {bw / 1e9:.0f} GB/s = {bw / copy_bw:.1%} of copy "
+        f"({copy_bw / 1e9:.0f} GB/s), launch {launch} ({source})")
+    return {"benchmark": "kernels/paged_attention_decode", "device_info": device_info(),
+            "batch_size": args.batch_size, "context_len": args.context_len, "num_heads": args.num_heads,
+            "num_kv_heads": args.num_kv_heads, "head_size": args.head_size, "block_size": args.block_size,
+            "dtype": args.dtype, "launch_config": launch, "launch_config_source": source,
+            "seconds_per_call": seconds, "bytes_per_call": nbytes, "bandwidth_bytes_per_s": bw,
+            "copy_bandwidth_bytes_per_s": copy_bw, "fraction_of_copy_bandwidth": bw / copy_bw,
+            "target_met": bw / copy_bw >= TARGET_FRACTION}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return run_and_emit(lambda: run(args), args.output_json)
+
+
+if __name__ == "__main__":
+    main()

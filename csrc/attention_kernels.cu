@@ -1,0 +1,102 @@
+// Host launcher for paged-attention decode (device code: kernels/paged_attention.cuh).
+// Launch parameters (partition_size, num_threads) come from the caller, which looks them
+// up in the tuned kernel configs (vllm_volta/kernel_configs.py).
+#include "attention_checks.h"
+#include "cuda_launch.h"
+#include "kernels/paged_attention.cuh"
+#include "ops.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace vllm_volta {
+
+namespace {
+
+// Calls f(IntTag<D>{}) for the supported head sizes (checked before).
+template <typename F>
+void dispatch_head_size(int64_t d, F&& f) {
+  switch (d) {
+    case 64: return f(IntTag<64>{});
+    case 96: return f(IntTag<96>{});
+    case 128: return f(IntTag<128>{});
+    default: return f(IntTag<256>{});
+  }
+}
+
+// Query heads per block: the largest of 8, 4, 2, 1 dividing the GQA group size.
+template <typename F>
+void dispatch_heads_per_block(int64_t group, F&& f) {
+  if (group % 8 == 0) return f(IntTag<8>{});
+  if (group % 4 == 0) return f(IntTag<4>{});
+  if (group % 2 == 0) return f(IntTag<2>{});
+  return f(IntTag<1>{});
+}
+
+}  // namespace
+
+void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
+                            double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads) {
+  const char* op = "paged_attention_decode";
+  const PagedDecodeArgs a = check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len,
+                                                    partition_size, num_threads);
+  check_cuda(op, "query", query);
+  if (a.num_seqs == 0) return;
+  // The kernel reads query/key/value rows with 16-byte loads.
+  const int64_t q_stride = a.num_seqs > 1 ? query.stride(0) : a.num_heads * a.cache.head_size;
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  STD_TORCH_CHECK(aligned16(query.data_ptr()) && aligned16(kv_cache.data_ptr()) && aligned16(out.data_ptr()) &&
+                      q_stride * static_cast<int64_t>(query.element_size()) % 16 == 0,
+                  op, ": 'query' (data pointer and sequence stride), 'kv_cache' and 'out' must be 16-byte aligned");
+  torch::stable::accelerator::DeviceGuard guard(query.get_device_index());
+  const cudaStream_t stream = current_stream(query);
+  const int64_t d = a.cache.head_size;
+
+  // fp32 scratch for split contexts: [seqs, heads, partitions] x (D outputs + max + sum).
+  float* part_out = nullptr;
+  float* part_max = nullptr;
+  float* part_sum = nullptr;
+  Tensor scratch;
+  if (a.num_partitions > 1) {
+    const int64_t rows = a.num_seqs * a.num_heads * a.num_partitions;
+    const std::vector<int64_t> size{rows * (d + 2)};
+    scratch = torch::stable::new_empty(query, size, ScalarType::Float);
+    part_out = static_cast<float*>(scratch.data_ptr());
+    part_max = part_out + rows * d;
+    part_sum = part_max + rows;
+  }
+  const PagedDecodeParams params{static_cast<int>(a.num_heads), static_cast<int>(a.cache.num_kv_heads),
+                                 static_cast<int>(a.cache.block_size), static_cast<int>(partition_size),
+                                 static_cast<int>(a.num_partitions), q_stride,
+                                 block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
+                                 static_cast<float>(scale)};
+
+  dispatch_float_type(op, query, [&](auto type_tag) {
+    using T = typename decltype(type_tag)::type;
+    T* out_ptr = static_cast<T*>(out.data_ptr());
+    dispatch_head_size(d, [&](auto d_tag) {
+      constexpr int D = decltype(d_tag)::value;
+      dispatch_heads_per_block(a.num_heads / a.cache.num_kv_heads, [&](auto hpb_tag) {
+        constexpr int HPB = decltype(hpb_tag)::value;
+        const dim3 grid(static_cast<unsigned>(a.num_heads / HPB), static_cast<unsigned>(a.num_seqs),
+                        static_cast<unsigned>(a.num_partitions));
+        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(partition_size, D);
+        paged_attention_decode_kernel<T, D, HPB><<<grid, static_cast<unsigned>(num_threads), smem, stream>>>(
+            out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
+            static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+            static_cast<const int*>(seq_lens.data_ptr()), params);
+      });
+    });
+    if (a.num_partitions > 1) {
+      const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
+      paged_attention_reduce_kernel<T><<<grid, 128, 0, stream>>>(
+          out_ptr, part_out, part_max, part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
+          static_cast<int>(partition_size), static_cast<int>(a.num_partitions));
+    }
+  });
+  check_launch(op);
+}
+
+}  // namespace vllm_volta

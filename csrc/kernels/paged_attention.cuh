@@ -1,0 +1,289 @@
+// Paged-attention decode (device code only): one query token per sequence attends to its
+// whole context in the paged KV cache [2, num_blocks, block_size, num_kv_heads, D].
+//
+// Grid (num_heads / HPB, num_seqs, num_partitions). A block handles HPB query heads that
+// share one KV head (GQA: K/V are read once for the HPB heads) over one partition of
+// `partition_size` context tokens. Partitions past a sequence's length exit at once, so
+// the grid may be sized from an upper bound (max_model_len under CUDA-graph capture).
+//  1. scores: a group of L lanes reads one token's key row with 16-byte loads (U tokens
+//     in flight per group) and reduces the dot products by warp shuffles;
+//  2. softmax over the partition in shared memory (max, exp, sum);
+//  3. P @ V: the same lane groups accumulate p * v in fp32 registers, reduced over the
+//     groups of a warp by shuffles and over warps by shared-memory atomics.
+// One partition: the normalized output is written directly. Several: the partition's
+// unnormalized output, max and exp-sum go to fp32 scratch and a second kernel combines
+// them (log-sum-exp rescaling). Everything is fp32 inside; FP16 uses no BF16 path.
+#pragma once
+
+#include "kernels/reduce.cuh"
+#include "kernels/type_convert.cuh"
+
+namespace vllm_volta {
+
+constexpr int kPagedTokensInFlight = 4;  // U: tokens each lane group loads per iteration
+constexpr float kNegLargest = -3.402823466e+38f;  // -FLT_MAX (no <cfloat> under NVRTC)
+
+__host__ __device__ constexpr int pow2_ceil(int x) { return x <= 1 ? 1 : 2 * pow2_ceil((x + 1) / 2); }
+
+// Lane layout of one head row of D elements of T for 16-byte vectors.
+template <typename T, int D>
+struct RowLanes {
+  static constexpr int kVec = 16 / sizeof(T);                                  // elements per load
+  static constexpr int kVecs = D / kVec;                                       // loads per row
+  static constexpr int kLanes = kVecs >= 32 ? 32 : pow2_ceil(kVecs);          // lanes per token
+  static constexpr int kPerLane = (kVecs + kLanes - 1) / kLanes;              // loads per lane
+  static_assert(D % kVec == 0, "head size must be a multiple of 16 bytes");
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+struct PagedDecodeParams {
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  int partition_size;
+  int num_partitions;
+  int64_t q_stride;        // elements between sequences in query (heads are D apart)
+  int64_t bt_stride;       // elements between block-table rows
+  int64_t num_slots;       // num_blocks * block_size: rows in one half of the cache
+  float scale;
+};
+
+template <typename T, int D, int HPB>
+__global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __restrict__ part_out,
+                                              float* __restrict__ part_max, float* __restrict__ part_sum,
+                                              const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                              const int* __restrict__ block_table,
+                                              const int* __restrict__ seq_lens, PagedDecodeParams p) {
+  if constexpr (!arch_supports<T>::value) {
+    __trap();
+  } else {
+    using R = RowLanes<T, D>;
+    using V = Vec<T, R::kVec>;
+    constexpr int U = kPagedTokensInFlight;
+    const int seq = blockIdx.y;
+    const int part = blockIdx.z;
+    const int seq_len = seq_lens[seq];
+    const int start = part * p.partition_size;
+    if (start >= seq_len) return;
+    const int n = min(p.partition_size, seq_len - start);
+    const int head0 = blockIdx.x * HPB;
+    const int kv_head = head0 / (p.num_heads / p.num_kv_heads);
+
+    extern __shared__ float smem[];  // [HPB][partition_size] scores, then [HPB][D] output
+    __shared__ float s_max[HPB];
+    __shared__ float s_sum[HPB];
+    const int lane = threadIdx.x % R::kLanes;
+    const int group = threadIdx.x / R::kLanes;
+    const int num_groups = blockDim.x / R::kLanes;
+    const int warp = threadIdx.x / 32;
+    const int num_warps = blockDim.x / 32;
+    const int* bt = block_table + seq * p.bt_stride;
+    const int64_t token_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+    const T* k_base = kv_cache + kv_head * D;
+    const T* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
+
+    // Element offset of context token i (of this partition) in one half of the cache.
+    auto token_offset = [&](int i) -> int64_t {
+      const int t = start + i;
+      return (static_cast<int64_t>(bt[t / p.block_size]) * p.block_size + t % p.block_size) * token_stride;
+    };
+
+    // ---- 1. scores = scale * q . k ----
+    float q[HPB][R::kPerLane][R::kVec];
+#pragma unroll
+    for (int h = 0; h < HPB; ++h) {
+      const V* qrow = reinterpret_cast<const V*>(query + seq * p.q_stride + static_cast<int64_t>(head0 + h) * D);
+#pragma unroll
+      for (int c = 0; c < R::kPerLane; ++c) {
+        const int vi = lane + c * R::kLanes;
+        V qv;
+        if (vi < R::kVecs) qv = qrow[vi];
+#pragma unroll
+        for (int j = 0; j < R::kVec; ++j) q[h][c][j] = vi < R::kVecs ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
+      }
+    }
+    // Trip counts are uniform across the block (shuffles below need whole warps).
+    for (int base = 0; base < n; base += num_groups * U) {
+      V k[U][R::kPerLane];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * num_groups + group;
+        if (i < n) {
+          const V* krow = reinterpret_cast<const V*>(k_base + token_offset(i));
+#pragma unroll
+          for (int c = 0; c < R::kPerLane; ++c)
+            if (lane + c * R::kLanes < R::kVecs) k[u][c] = krow[lane + c * R::kLanes];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * num_groups + group;
+        float dot[HPB];
+#pragma unroll
+        for (int h = 0; h < HPB; ++h) dot[h] = 0.f;
+        if (i < n) {
+#pragma unroll
+          for (int c = 0; c < R::kPerLane; ++c) {
+            if (lane + c * R::kLanes >= R::kVecs) continue;
+#pragma unroll
+            for (int j = 0; j < R::kVec; ++j) {
+              const float kf = Convert<T>::to_float(k[u][c].v[j]);
+#pragma unroll
+              for (int h = 0; h < HPB; ++h) dot[h] += q[h][c][j] * kf;
+            }
+          }
+        }
+        // Reduce over the lanes of the group (aligned power-of-two lane ranges).
+#pragma unroll
+        for (int h = 0; h < HPB; ++h) {
+#pragma unroll
+          for (int offset = R::kLanes / 2; offset > 0; offset >>= 1)
+            dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], offset);
+          if (i < n && lane == 0) smem[h * p.partition_size + i] = dot[h];
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- 2. softmax over the partition: one warp per head ----
+    for (int h = warp; h < HPB; h += num_warps) {
+      float* s = smem + h * p.partition_size;
+      float m = kNegLargest;
+      for (int i = threadIdx.x % 32; i < n; i += 32) m = fmaxf(m, s[i]);
+      m = warp_max(m);
+      float sum = 0.f;
+      for (int i = threadIdx.x % 32; i < n; i += 32) {
+        const float e = __expf(s[i] - m);
+        s[i] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (threadIdx.x % 32 == 0) {
+        s_max[h] = m;
+        s_sum[h] = sum;
+      }
+    }
+    __syncthreads();
+
+    // ---- 3. out = P @ V ----
+    float acc[HPB][R::kPerLane][R::kVec];
+#pragma unroll
+    for (int h = 0; h < HPB; ++h)
+#pragma unroll
+      for (int c = 0; c < R::kPerLane; ++c)
+#pragma unroll
+        for (int j = 0; j < R::kVec; ++j) acc[h][c][j] = 0.f;
+    for (int base = 0; base < n; base += num_groups * U) {
+      V v[U][R::kPerLane];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * num_groups + group;
+        if (i < n) {
+          const V* vrow = reinterpret_cast<const V*>(v_base + token_offset(i));
+#pragma unroll
+          for (int c = 0; c < R::kPerLane; ++c)
+            if (lane + c * R::kLanes < R::kVecs) v[u][c] = vrow[lane + c * R::kLanes];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * num_groups + group;
+        if (i >= n) continue;
+        float prob[HPB];
+#pragma unroll
+        for (int h = 0; h < HPB; ++h) prob[h] = smem[h * p.partition_size + i];
+#pragma unroll
+        for (int c = 0; c < R::kPerLane; ++c) {
+          if (lane + c * R::kLanes >= R::kVecs) continue;
+#pragma unroll
+          for (int j = 0; j < R::kVec; ++j) {
+            const float vf = Convert<T>::to_float(v[u][c].v[j]);
+#pragma unroll
+            for (int h = 0; h < HPB; ++h) acc[h][c][j] += prob[h] * vf;
+          }
+        }
+      }
+    }
+    // Sum over the lane groups of each warp (same lane index = same elements).
+#pragma unroll
+    for (int h = 0; h < HPB; ++h)
+#pragma unroll
+      for (int c = 0; c < R::kPerLane; ++c)
+#pragma unroll
+        for (int j = 0; j < R::kVec; ++j)
+#pragma unroll
+          for (int offset = R::kLanes; offset < 32; offset <<= 1)
+            acc[h][c][j] += __shfl_xor_sync(0xffffffffu, acc[h][c][j], offset);
+    __syncthreads();  // scores no longer needed: reuse smem for the [HPB][D] output
+    for (int idx = threadIdx.x; idx < HPB * D; idx += blockDim.x) smem[idx] = 0.f;
+    __syncthreads();
+    if (threadIdx.x % 32 < R::kLanes) {
+#pragma unroll
+      for (int h = 0; h < HPB; ++h)
+#pragma unroll
+        for (int c = 0; c < R::kPerLane; ++c) {
+          const int vi = lane + c * R::kLanes;
+          if (vi >= R::kVecs) continue;
+#pragma unroll
+          for (int j = 0; j < R::kVec; ++j) atomicAdd(&smem[h * D + vi * R::kVec + j], acc[h][c][j]);
+        }
+    }
+    __syncthreads();
+
+    if (p.num_partitions == 1) {
+      for (int idx = threadIdx.x; idx < HPB * D; idx += blockDim.x) {
+        const int h = idx / D;
+        out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] =
+            Convert<T>::from_float(smem[idx] / s_sum[h]);
+      }
+    } else {
+      for (int idx = threadIdx.x; idx < HPB * D; idx += blockDim.x) {
+        const int h = idx / D;
+        const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + part;
+        part_out[row * D + idx % D] = smem[idx];
+        if (idx % D == 0) {
+          part_max[row] = s_max[h];
+          part_sum[row] = s_sum[h];
+        }
+      }
+    }
+  }
+}
+
+// Combines the partitions of each (sequence, head): grid (num_heads, num_seqs). Each
+// partition's output is rescaled by exp(its max - global max) and the sum renormalized.
+template <typename T>
+__global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* __restrict__ part_out,
+                                              const float* __restrict__ part_max,
+                                              const float* __restrict__ part_sum,
+                                              const int* __restrict__ seq_lens, int head_size,
+                                              int partition_size, int num_partitions) {
+  if constexpr (!arch_supports<T>::value) {
+    __trap();
+  } else {
+    const int head = blockIdx.x;
+    const int seq = blockIdx.y;
+    const int64_t row = static_cast<int64_t>(seq) * gridDim.x + head;
+    const int used = min(num_partitions, (seq_lens[seq] + partition_size - 1) / partition_size);
+    const float* maxes = part_max + row * num_partitions;
+    const float* sums = part_sum + row * num_partitions;
+    float m = kNegLargest;
+    for (int i = 0; i < used; ++i) m = fmaxf(m, maxes[i]);  // few partitions: every thread
+    float total = 0.f;
+    for (int i = 0; i < used; ++i) total += sums[i] * __expf(maxes[i] - m);
+    const float inv_total = total > 0.f ? 1.f / total : 0.f;  // empty context -> zeros
+    const float* src = part_out + row * num_partitions * head_size;
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+      float o = 0.f;
+      for (int i = 0; i < used; ++i) o += src[static_cast<int64_t>(i) * head_size + d] * __expf(maxes[i] - m);
+      out[row * head_size + d] = Convert<T>::from_float(o * inv_total);
+    }
+  }
+}
+
+}  // namespace vllm_volta

@@ -1,0 +1,130 @@
+"""VOLTA_PAGED vs the universal TORCH_SDPA backend through the Attention layer (same q/k/v, same
+starting cache): decode, prefill, prefix hits, mixed batches, GQA, and CUDA-graph replay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
+from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
+from vllm_volta.attention.layer import Attention
+from vllm_volta.attention.metadata import build_attn_metadata
+from vllm_volta.platforms.interface import DeviceCapability
+
+BLOCK_SIZE = 16
+TOL = {torch.float16: dict(atol=4e-3, rtol=4e-3), torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+       torch.float32: dict(atol=2e-4, rtol=2e-4)}
+
+
+def _validate(**kw):
+    args = dict(capability=DeviceCapability(7, 0), dtype=torch.float16, head_size=128, device_type="cuda")
+    args.update(kw)
+    return VoltaPagedBackend.validate(**args)
+
+
+def test_validate_reasons():
+    assert _validate(device_type="cpu")[0] == "needs a CUDA device, got 'cpu'"
+    assert any("head_size 80 is not supported" in r for r in _validate(head_size=80))
+    assert any("bfloat16 needs compute capability >= 8.0, got 7.0" in r for r in _validate(dtype=torch.bfloat16))
+    assert any("needs compute capability >= 7.0, got 6.1" in r for r in _validate(capability=DeviceCapability(6, 1)))
+    assert any("dtype torch.int8" in r for r in _validate(dtype=torch.int8))
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::paged_attention_decode", "CUDA"):
+        assert any("built without CUDA kernels" in r for r in _validate())
+    else:
+        assert _validate() == [] and _validate(capability=DeviceCapability(9, 0), dtype=torch.bfloat16) == []
+
+
+def _layers(num_heads, num_kv_heads, head_size):
+    scale = 1 / math.sqrt(head_size)
+    return (Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=VoltaPagedBackend),
+            Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=TorchSDPABackend))
+
+
+def _inputs(seqs, num_heads, num_kv_heads, head_size, dtype, seed=0, num_blocks=None):
+    """seqs: (num_computed, num_new) per sequence. A random cache (holding every prefix), a
+    metadata over shuffled blocks, and q/k/v sliced out of one fused projection output."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-(c + n) // BLOCK_SIZE) for c, n in seqs]
+    num_blocks = num_blocks or sum(need) + 2
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    block_ids, used = [], 0
+    for n in need:
+        block_ids.append(perm[used:used + n])
+        used += n
+    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs], block_ids, BLOCK_SIZE, "cuda")
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_size, generator=g).to(dtype).cuda()
+    tokens = md.num_actual_tokens
+    qkv = torch.randn(tokens, (num_heads + 2 * num_kv_heads) * head_size, generator=g).to(dtype).cuda()
+    q, k, v = qkv.split([num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], dim=1)
+    return q, k, v, cache, md
+
+
+CASES = {
+    "decode": [(0, 1), (16, 1), (599, 1), (1332, 1)],
+    "prefill": [(0, 5), (0, 37), (0, 16)],
+    "prefix-hit": [(32, 20), (5, 9), (0, 12)],
+    "mixed": [(100, 1), (0, 13), (48, 1), (7, 30), (2047, 1)],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype,num_heads,num_kv_heads,head_size", [
+    (torch.float16, 8, 2, 128), (torch.float16, 4, 4, 64), (torch.float16, 12, 2, 128),
+    (torch.bfloat16, 8, 2, 128), (torch.float32, 8, 4, 96),
+])
+def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size):
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bfloat16 needs compute capability >= 8.0")
+    ours, ref = _layers(num_heads, num_kv_heads, head_size)
+    q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, dtype)
+    ref_cache = cache.clone()
+    out = ours(q, k, v, cache, md)
+    expected = ref(q, k, v, ref_cache, md)
+    assert torch.equal(cache, ref_cache), "reshape_and_cache must write exactly what the index write does"
+    torch.testing.assert_close(out, expected, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_replays_in_a_cuda_graph():
+    """Capture one decode step with max_seq_len = max_model_len, then replay it for other
+    lengths and blocks copied into the same buffers: output == eager TORCH_SDPA."""
+    num_heads, num_kv_heads, head_size, dtype = 8, 2, 128, torch.float16
+    max_model_len, num_blocks = 2048, 300  # one cache tensor for every round
+    ours, ref = _layers(num_heads, num_kv_heads, head_size)
+    rounds = [[(10, 1), (700, 1), (1500, 1)], [(30, 1), (2000, 1), (3, 1)], [(1000, 1), (0, 1), (511, 1)]]
+    width = max_model_len // BLOCK_SIZE
+    q, k, v, cache, md = _inputs(rounds[0], num_heads, num_kv_heads, head_size, dtype, num_blocks=num_blocks)
+    # Static buffers the graph reads; the metadata's ints are the capture-time upper bounds.
+    table = torch.zeros(len(rounds[0]), width, dtype=torch.int32, device="cuda")
+    graph_md = build_attn_metadata([c for c, _ in rounds[0]], [1] * 3, [[0] * width] * 3, BLOCK_SIZE, "cuda")
+    graph_md.block_table, graph_md.max_seq_len = table, max_model_len
+    seq_lens, slots = graph_md.seq_lens, graph_md.slot_mapping
+
+    def load(round_md):
+        seq_lens.copy_(round_md.seq_lens)
+        slots.copy_(round_md.slot_mapping)
+        table.zero_()
+        table[:, :round_md.block_table.shape[1]] = round_md.block_table
+
+    load(md)
+    ours(q, k, v, cache.clone(), graph_md)  # warm-up outside the graph (config lookup)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ours(q, k, v, cache, graph_md)
+
+    for seed, seqs in enumerate(rounds[1:], start=1):
+        q2, k2, v2, cache2, md2 = _inputs(seqs, num_heads, num_kv_heads, head_size, dtype, seed=seed,
+                                          num_blocks=num_blocks)
+        cache.copy_(cache2)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        load(md2)
+        graph.replay()
+        torch.testing.assert_close(out, ref(q2, k2, v2, cache2, md2), **TOL[dtype])
+        assert torch.equal(cache, cache2)

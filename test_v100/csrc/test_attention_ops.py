@@ -1,0 +1,178 @@
+"""reshape_and_cache / paged_attention_decode (CUDA kernels) vs plain-PyTorch references, and
+their argument checks (Meta kernels: run on CPU too)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from vllm_volta import _custom_ops as ops
+
+from .op_cases import TOLERANCES, requires_gpu
+
+
+def random_cache(num_blocks: int, block_size: int, kv_heads: int, head_size: int, dtype, device,
+                 seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen).to(dtype).to(device)
+
+
+def random_block_table(seq_lens: list[int], block_size: int, num_blocks: int, width: int, seed: int = 0) -> torch.Tensor:
+    """Distinct random physical blocks per sequence (block 0 reserved), padded with 0."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks - 1, generator=gen) + 1
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(seq_lens):
+        nb = -(-n // block_size)
+        table[i, :nb] = perm[used:used + nb].to(torch.int32)
+        used += nb
+    return table
+
+
+def decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: list[int],
+                     scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v per sequence in float64, K/V gathered through the block table."""
+    num_seqs, num_heads, d = q.shape
+    block_size, kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    out = torch.zeros(num_seqs, num_heads, d, dtype=torch.float64)
+    for i, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        blocks = block_table[i].long().cpu()[pos // block_size]
+        k = kv_cache[0].cpu()[blocks, pos % block_size].double()  # [n, KH, D]
+        v = kv_cache[1].cpu()[blocks, pos % block_size].double()
+        k = k.repeat_interleave(num_heads // kv_heads, dim=1)
+        v = v.repeat_interleave(num_heads // kv_heads, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].cpu().double(), k) * scale
+        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out
+
+
+DECODE_CASES = [
+    # (dtype, head_size, num_heads, kv_heads, seq_lens, partition_size, num_threads)
+    (torch.float16, 128, 32, 8, [1, 17, 64, 600, 1333], 512, 128),  # Llama-3 GQA 4, split contexts
+    (torch.float16, 128, 12, 2, [5, 300, 1024], 256, 256),  # Qwen2.5-1.5B: GQA 6 -> 2 heads/block
+    (torch.float16, 128, 28, 4, [77, 2049], 512, 64),  # Qwen2.5-7B: GQA 7 -> 1 head/block
+    (torch.float16, 64, 9, 3, [3, 40, 129], 32, 128),  # tiny partitions, many of them
+    (torch.float16, 96, 8, 8, [33, 95], 1024, 512),  # MHA, single partition
+    (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
+    (torch.float32, 128, 8, 2, [31, 700], 512, 128),
+    (torch.float32, 256, 4, 4, [65], 64, 64),
+    (torch.bfloat16, 128, 32, 8, [100, 900], 512, 128),
+]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype,head_size,num_heads,kv_heads,seq_lens,partition_size,num_threads", DECODE_CASES)
+@pytest.mark.parametrize("max_len_slack", [0, 700], ids=["exact-max", "graph-max"])
+def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, kv_heads, seq_lens,
+                                                  partition_size, num_threads, max_len_slack):
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bfloat16 needs compute capability >= 8.0")
+    device, block_size = "cuda", 16
+    width = -(-(max(seq_lens) + max_len_slack) // block_size)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    kv_cache = random_cache(num_blocks, block_size, kv_heads, head_size, dtype, device)
+    table = random_block_table(seq_lens, block_size, num_blocks, width).to(device)
+    # Query rows strided as in a fused qkv projection output.
+    qkv = torch.randn(len(seq_lens), (num_heads + 2 * kv_heads) * head_size, dtype=dtype, device=device)
+    q = qkv[:, : num_heads * head_size].view(len(seq_lens), num_heads, head_size)
+    scale = 1.0 / math.sqrt(head_size)
+    out = torch.full_like(q, float("nan")).contiguous()
+    ops.paged_attention_decode(out, q, kv_cache, table, torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                               scale, max(seq_lens) + max_len_slack, partition_size, num_threads)
+    ref = decode_reference(q, kv_cache, table, seq_lens, scale)
+    tol = TOLERANCES[dtype] if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.cpu().double(), ref, **{k: v * 2 for k, v in tol.items()})
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("layout", ["2d-strided", "3d"])
+def test_reshape_and_cache_matches_index_write(dtype, layout):
+    from vllm_volta.attention.layer import write_to_kv_cache
+
+    device, kv_heads, d = "cuda", 4, 96
+    kv_cache = random_cache(6, 16, kv_heads, d, dtype, device)
+    expected = kv_cache.clone()
+    fused = torch.randn(10, 3 * kv_heads * d, dtype=dtype, device=device)  # [q | k | v]-like rows
+    key, value = fused[:, kv_heads * d: 2 * kv_heads * d], fused[:, 2 * kv_heads * d:]
+    if layout == "3d":
+        key, value = key.reshape(10, kv_heads, d), value.reshape(10, kv_heads, d)
+    slots = torch.tensor([5, -1, 17, 95, 0, 40, -1, 33, 64, 2], dtype=torch.int64, device=device)
+    ops.reshape_and_cache(key, value, kv_cache, slots[:9])  # a padded 10th token is not written
+    write_to_kv_cache(key, value, expected, slots[:9])
+    assert torch.equal(kv_cache, expected)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_attention_ops_opcheck():
+    device, dtype = "cuda", torch.float16
+    kv_cache = random_cache(8, 16, 2, 64, dtype, device)
+    key = torch.randn(3, 2, 64, dtype=dtype, device=device)
+    torch.library.opcheck(torch.ops._C.reshape_and_cache.default,
+                          (key, key.clone(), kv_cache, torch.tensor([1, 7, 20], device=device)))
+    q = torch.randn(2, 4, 64, dtype=dtype, device=device)
+    table = random_block_table([20, 40], 16, 8, 4).to(device)
+    seq_lens = torch.tensor([20, 40], dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops._C.paged_attention_decode.default,
+                          (torch.empty_like(q), q, kv_cache, table, seq_lens, 0.125, 64, 32, 128))
+
+
+def _meta_decode_args(**overrides):
+    meta = dict(device="meta")
+    args = dict(out=torch.empty(2, 8, 128, dtype=torch.float16, **meta),
+                query=torch.empty(2, 8, 128, dtype=torch.float16, **meta),
+                kv_cache=torch.empty(2, 10, 16, 2, 128, dtype=torch.float16, **meta),
+                block_table=torch.empty(2, 4, dtype=torch.int32, **meta),
+                seq_lens=torch.empty(2, dtype=torch.int32, **meta),
+                scale=0.1, max_seq_len=64, partition_size=512, num_threads=128)
+    args.update(overrides)
+    return args
+
+
+BAD_DECODE = [
+    (dict(query=torch.empty(2, 8, 128, dtype=torch.float32, device="meta")), "'query' has dtype float32"),
+    (dict(kv_cache=torch.empty(10, 16, 2, 128, dtype=torch.float16, device="meta")), "'kv_cache' must be [2, num_blocks"),
+    (dict(query=torch.empty(2, 7, 128, dtype=torch.float16, device="meta"),
+          out=torch.empty(2, 7, 128, dtype=torch.float16, device="meta")), "num_heads (7) must be a positive multiple"),
+    (dict(query=torch.empty(2, 8, 80, dtype=torch.float16, device="meta"),
+          kv_cache=torch.empty(2, 10, 16, 2, 80, dtype=torch.float16, device="meta")), "head_size 80 is not supported"),
+    (dict(block_table=torch.empty(2, 4, dtype=torch.int64, device="meta")), "'block_table' must be int32"),
+    (dict(block_table=torch.empty(3, 4, dtype=torch.int32, device="meta")), "'block_table' must have one row per sequence"),
+    (dict(seq_lens=torch.empty(3, dtype=torch.int32, device="meta")), "'seq_lens' must have 2 entries"),
+    (dict(max_seq_len=65), "'max_seq_len' must be in [0, 64]"),
+    (dict(partition_size=100), "'partition_size' must be a multiple of 16"),
+    (dict(num_threads=96), "'num_threads' must be 64, 128, 256 or 512"),
+    (dict(scale=0.0), "'scale' must be > 0"),
+    (dict(out=torch.empty(2, 8, 64, dtype=torch.float16, device="meta")), "'out' must have the same shape"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_DECODE)
+def test_paged_attention_decode_bad_input_is_a_clear_error(overrides, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"paged_attention_decode: {message}")):
+        torch.ops._C.paged_attention_decode(**_meta_decode_args(**overrides))
+
+
+def test_paged_attention_decode_accepts_valid_meta_args():
+    torch.ops._C.paged_attention_decode(**_meta_decode_args())
+
+
+@pytest.mark.parametrize("key_shape,slot_dtype,message", [
+    ((3, 2, 64), torch.int32, "'slot_mapping' must be int64"),
+    ((3, 3, 64), torch.int64, "'key' must be [num_tokens, 2, 64] or [num_tokens, 128]"),
+    ((2, 128), torch.int64, "'key' has 2 tokens but 'slot_mapping' has 3"),
+])
+def test_reshape_and_cache_bad_input_is_a_clear_error(key_shape, slot_dtype, message):
+    kv_cache = torch.empty(2, 4, 16, 2, 64, dtype=torch.float16, device="meta")
+    key = torch.empty(*key_shape, dtype=torch.float16, device="meta")
+    slots = torch.empty(3, dtype=slot_dtype, device="meta")
+    with pytest.raises(RuntimeError, match=re.escape(f"reshape_and_cache: {message}")):
+        torch.ops._C.reshape_and_cache(key, key, kv_cache, slots)

@@ -1,0 +1,209 @@
+"""VOLTA_PAGED: CUDA paged attention that is fast on SM70+ (V100, T4) and runs on newer GPUs.
+
+- KV-cache write: the fused ``reshape_and_cache`` kernel (``write_to_kv_cache`` on the impl).
+- Decode (one new token per sequence): ``paged_attention_decode``, a Volta-safe CUDA kernel
+  (FP16 with 16-byte loads, fp32 math, the context split into partitions and combined by a
+  second kernel). Its grid depends only on ``max_seq_len``, so a pure-decode step is
+  capturable in a CUDA graph. Launch parameters come from the tuned kernel configs.
+- Prefill (and chunked prefill / prefix-cache hits): tensor cores through PyTorch's
+  memory-efficient attention with variable-length sequences
+  (``aten._efficient_attention_forward`` with cu_seqlens and a bottom-right causal mask: new
+  token j of a sequence sees the cached prefix and new tokens up to itself). With a prefix hit
+  the whole context is gathered from the cache, else the new keys/values are used directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm_volta.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from vllm_volta.platforms.interface import DeviceCapability
+
+SUPPORTED_HEAD_SIZES = (64, 96, 128, 256)
+_SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
+DEFAULT_LAUNCH_CONFIG = {"partition_size": 512, "num_threads": 128}
+_BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
+
+
+def _extension_problem() -> str | None:
+    """Why the CUDA kernels of vllm_volta._C cannot be used, or None."""
+    try:
+        import vllm_volta._custom_ops  # noqa: F401
+    except ImportError as e:
+        return f"vllm_volta._C cannot be imported ({e})"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::paged_attention_decode", "CUDA"):
+        return "vllm_volta._C was built without CUDA kernels (reinstall with a CUDA build of torch)"
+    return None
+
+
+class VoltaPagedBackend:
+    """Backend class: selection checks plus the impl class (contract in docs/ARCHITECTURE.md)."""
+
+    name = "VOLTA_PAGED"
+    supports_cuda_graphs = True  # pure-decode steps: no host sync, grid from max_seq_len
+
+    @staticmethod
+    def validate(*, capability: DeviceCapability | None, dtype: torch.dtype, head_size: int,
+                 device_type: str) -> list[str]:
+        """Reasons this backend cannot run in the given setting (empty list = it can)."""
+        reasons = []
+        if device_type != "cuda":
+            reasons.append(f"needs a CUDA device, got {device_type!r}")
+        if capability is not None and capability.major < 7:
+            reasons.append(f"needs compute capability >= 7.0, got {capability.major}.{capability.minor}")
+        if dtype not in _SUPPORTED_DTYPES:
+            reasons.append(f"dtype {dtype} is not one of float16, float32, bfloat16")
+        elif dtype == torch.bfloat16 and capability is not None and capability.major < 8:
+            reasons.append(f"bfloat16 needs compute capability >= 8.0, "
+                           f"got {capability.major}.{capability.minor}")
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            reasons.append(f"head_size {head_size} is not supported (supported: "
+                           f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))})")
+        if device_type == "cuda" and (problem := _extension_problem()) is not None:
+            reasons.append(problem)
+        return reasons
+
+    @staticmethod
+    def get_impl_cls() -> type[VoltaPagedImpl]:
+        return VoltaPagedImpl
+
+
+@dataclass
+class _MixedPlan:
+    """How a step with prefills splits into kernels; built once per metadata, shared by layers."""
+
+    decode_seqs: torch.Tensor | None  # [Bd] sequences with one new token
+    decode_tokens: torch.Tensor | None  # [Bd] their token index
+    decode_max_len: int
+    prefill_tokens: torch.Tensor | None  # [Tp] token indices of the other sequences
+    cu_seqlens_q: torch.Tensor | None  # [Np + 1] int32
+    cu_seqlens_k: torch.Tensor | None  # [Np + 1] int32 (== cu_seqlens_q without prefix hits)
+    max_q: int
+    max_k: int
+    context_slots: torch.Tensor | None  # [sum seq_len] cache slots of whole contexts (prefix hit)
+
+
+def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
+    device = md.block_table.device
+    starts = md.query_start_loc_cpu.tolist()
+    seq_lens = md.seq_lens_cpu.tolist()
+    q_lens = [starts[i + 1] - starts[i] for i in range(len(seq_lens))]
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    prefills = [i for i, n in enumerate(q_lens) if n > 1]
+
+    def on_device(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    plan = _MixedPlan(None, None, 0, None, None, None, 0, 0, None)
+    if decodes:
+        plan.decode_seqs = on_device(decodes)
+        plan.decode_tokens = on_device([starts[i] for i in decodes])
+        plan.decode_max_len = max(seq_lens[i] for i in decodes)
+    if prefills:
+        plan.prefill_tokens = on_device([t for i in prefills for t in range(starts[i], starts[i + 1])])
+        p_q = [q_lens[i] for i in prefills]
+        p_k = [seq_lens[i] for i in prefills]
+        plan.cu_seqlens_q = on_device([0] + torch.tensor(p_q).cumsum(0).tolist(), torch.int32)
+        plan.max_q = max(p_q)
+        plan.max_k = max(p_k)
+        if p_k == p_q:  # nothing cached before these tokens: keys/values are the new ones
+            plan.cu_seqlens_k = plan.cu_seqlens_q
+        else:
+            plan.cu_seqlens_k = on_device([0] + torch.tensor(p_k).cumsum(0).tolist(), torch.int32)
+            seq_of = torch.repeat_interleave(torch.tensor(prefills), torch.tensor(p_k)).to(device, non_blocking=True)
+            pos = torch.cat([torch.arange(n) for n in p_k]).to(device, non_blocking=True)
+            plan.context_slots = (md.block_table[seq_of, pos // block_size].long() * block_size
+                                  + pos % block_size)
+    return plan
+
+
+class VoltaPagedImpl:
+    """Paged attention with the _C CUDA kernels (decode) and memory-efficient attention (prefill)."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.num_queries_per_kv = num_heads // num_kv_heads
+        self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
+
+    def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+        """Fused cache write (slots of -1 are skipped); called by the Attention layer."""
+        from vllm_volta import _custom_ops as ops
+
+        ops.reshape_and_cache(key, value, kv_cache, slot_mapping)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        """query [T, H*D] -> [T, H*D]; the new key/value are already in ``kv_cache``."""
+        md = attn_metadata
+        num_tokens = md.num_actual_tokens
+        h, d = self.num_heads, self.head_size
+        output = torch.empty_like(query)
+        if query.shape[0] > num_tokens:  # padding rows
+            output[num_tokens:].zero_()
+        q = query[:num_tokens].view(num_tokens, h, d)
+        out = output[:num_tokens].view(num_tokens, h, d)
+        if num_tokens == 0:
+            return output
+        if md.max_query_len == 1 and num_tokens == md.seq_lens.shape[0]:
+            # Pure decode, token i = sequence i: no host-side work (CUDA-graph capturable).
+            self._decode(out, q, kv_cache, md.block_table, md.seq_lens, md.max_seq_len)
+            return output
+        plan = getattr(md, "_volta_paged_plan", None)
+        if plan is None:  # first layer of this step
+            plan = md._volta_paged_plan = _build_plan(md, kv_cache.shape[2])
+        if plan.decode_seqs is not None:
+            dec_out = torch.empty(plan.decode_seqs.shape[0], h, d, dtype=query.dtype, device=query.device)
+            self._decode(dec_out, q[plan.decode_tokens], kv_cache, md.block_table[plan.decode_seqs],
+                         md.seq_lens[plan.decode_seqs], plan.decode_max_len)
+            out[plan.decode_tokens] = dec_out
+        if plan.prefill_tokens is not None:
+            out[plan.prefill_tokens] = self._prefill(q[plan.prefill_tokens], key, value, kv_cache, plan)
+        return output
+
+    def _launch_config(self, num_seqs: int, dtype: torch.dtype) -> dict[str, Any]:
+        key = (num_seqs, dtype)
+        cfg = self._launch_configs.get(key)
+        if cfg is None:
+            from vllm_volta.kernel_configs import get_kernel_config
+
+            cfg = get_kernel_config("paged_attention_decode", num_seqs, default=DEFAULT_LAUNCH_CONFIG,
+                                    head_size=self.head_size, num_kv_heads=self.num_kv_heads, dtype=dtype)
+            cfg = self._launch_configs[key] = {k: int(cfg[k]) for k in DEFAULT_LAUNCH_CONFIG}
+        return cfg
+
+    def _decode(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        from vllm_volta import _custom_ops as ops
+
+        ops.paged_attention_decode(out, q, kv_cache, block_table, seq_lens, self.scale, max_seq_len,
+                                   **self._launch_config(q.shape[0], q.dtype))
+
+    def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 plan: _MixedPlan) -> torch.Tensor:
+        kh, d = self.num_kv_heads, self.head_size
+        if plan.context_slots is None:
+            k = key[plan.prefill_tokens].view(-1, kh, d)
+            v = value[plan.prefill_tokens].view(-1, kh, d)
+        else:  # prefix-cache hit: the whole context (cached prefix + new tokens) from the cache
+            k = kv_cache[0].view(-1, kh, d)[plan.context_slots]
+            v = kv_cache[1].view(-1, kh, d)[plan.context_slots]
+        if self.num_queries_per_kv > 1:  # the kernel wants one kv head per query head
+            k = k.repeat_interleave(self.num_queries_per_kv, dim=1)
+            v = v.repeat_interleave(self.num_queries_per_kv, dim=1)
+        out = torch.ops.aten._efficient_attention_forward(
+            q.unsqueeze(0), k.to(q.dtype).unsqueeze(0), v.to(q.dtype).unsqueeze(0), None,
+            plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_q, plan.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
+            False, scale=self.scale)[0]
+        return out.squeeze(0)
