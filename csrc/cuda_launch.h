@@ -15,6 +15,11 @@
 #include <cstdint>
 #include <initializer_list>
 
+// Highest numeric target arch of this build (CMakeLists.txt), e.g. 75 for "7.5+PTX".
+#ifndef VLLM_VOLTA_MAX_CUDA_ARCH
+#define VLLM_VOLTA_MAX_CUDA_ARCH 0
+#endif
+
 namespace vllm_volta {
 
 inline void check_cuda(const char* op, const char* arg, const Tensor& t) {
@@ -47,13 +52,17 @@ struct TypeTag {
 };
 
 // Calls f(TypeTag<T>{}) with T = float / __half / __nv_bfloat16 for t's dtype. BF16 is
-// refused below SM80 (the bf16 kernels are compiled out there).
+// refused on a GPU below SM80 and in builds without an SM80+ target (the bf16 kernels are
+// compiled to a trap there).
 template <typename F>
 void dispatch_float_type(const char* op, const Tensor& t, F&& f) {
   switch (t.scalar_type()) {
     case ScalarType::Float: f(TypeTag<float>{}); return;
     case ScalarType::Half: f(TypeTag<__half>{}); return;
     case ScalarType::BFloat16: {
+      STD_TORCH_CHECK(VLLM_VOLTA_MAX_CUDA_ARCH >= 80, op,
+                      ": bfloat16 kernels are not built (every arch in TORCH_CUDA_ARCH_LIST is below 8.0); "
+                      "use float16");
       const int sm = device_sm(t.get_device_index());
       STD_TORCH_CHECK(sm >= 80, op, ": bfloat16 needs a GPU with compute capability >= 8.0 (this one is ",
                       sm / 10, ".", sm % 10, "); use float16");

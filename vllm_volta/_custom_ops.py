@@ -8,14 +8,23 @@ builds whose target archs are all below SM80) or the adapter functions on CPU.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 try:
-    import vllm_volta._C  # noqa: F401  (registers torch.ops._C.*)
+    import vllm_volta._C as _ext  # registers torch.ops._C.*
 except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(
         "vllm_volta._C is not built; run `pip install --no-build-isolation -e .` in the repo root"
     ) from exc
+
+
+def cuda_bf16_kernels_built() -> bool:
+    """Whether this build has bfloat16 CUDA kernels: a CUDA build with a target arch >= 8.0
+    (below that the bf16 instances are compiled out). The V100 adapter's ops do not need them."""
+    archs = [a for a in _ext.CUDA_ARCHS.split(",") if a]
+    return bool(_ext.BUILT_WITH_CUDA) and any(int(re.match(r"\d+", a).group()) >= 80 for a in archs)
 
 
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:

@@ -71,8 +71,8 @@ DECODE_CASES = [
 @pytest.mark.parametrize("max_len_slack", [0, 700], ids=["exact-max", "graph-max"])
 def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, kv_heads, seq_lens,
                                                   partition_size, num_threads, max_len_slack):
-    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("bfloat16 needs compute capability >= 8.0")
+    if dtype == torch.bfloat16 and not (torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()):
+        pytest.skip("bfloat16 needs compute capability >= 8.0 and a build targeting it")
     device, block_size = "cuda", 16
     width = -(-(max(seq_lens) + max_len_slack) // block_size)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
@@ -163,6 +163,17 @@ def test_paged_attention_decode_bad_input_is_a_clear_error(overrides, message):
 
 def test_paged_attention_decode_accepts_valid_meta_args():
     torch.ops._C.paged_attention_decode(**_meta_decode_args())
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_bf16_without_bf16_kernels_is_a_clear_error():
+    if ops.cuda_bf16_kernels_built() and torch.cuda.get_device_capability() >= (8, 0):
+        pytest.skip("this build and GPU have bf16 kernels")
+    cache = random_cache(4, 16, 2, 64, torch.bfloat16, "cuda")
+    key = torch.randn(2, 2, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="reshape_and_cache: bfloat16"):
+        ops.reshape_and_cache(key, key, cache, torch.tensor([0, 1], device="cuda"))
 
 
 @pytest.mark.parametrize("key_shape,slot_dtype,message", [

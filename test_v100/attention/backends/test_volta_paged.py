@@ -78,8 +78,9 @@ CASES = {
     (torch.bfloat16, 8, 2, 128), (torch.float32, 8, 4, 96),
 ])
 def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size):
-    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("bfloat16 needs compute capability >= 8.0")
+    if VoltaPagedBackend.validate(capability=DeviceCapability(*torch.cuda.get_device_capability()), dtype=dtype,
+                                  head_size=head_size, device_type="cuda"):
+        pytest.skip(f"VOLTA_PAGED cannot run {dtype} here (bf16 needs SM80+ and a build targeting it)")
     ours, ref = _layers(num_heads, num_kv_heads, head_size)
     q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, dtype)
     ref_cache = cache.clone()

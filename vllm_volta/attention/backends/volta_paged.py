@@ -66,6 +66,11 @@ class VoltaPagedBackend:
                            f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))})")
         if device_type == "cuda" and (problem := _extension_problem()) is not None:
             reasons.append(problem)
+        elif device_type == "cuda" and dtype == torch.bfloat16:
+            from vllm_volta._custom_ops import cuda_bf16_kernels_built
+
+            if not cuda_bf16_kernels_built():
+                reasons.append("bfloat16 kernels are not built (every arch in TORCH_CUDA_ARCH_LIST is below 8.0)")
         return reasons
 
     @staticmethod
