@@ -34,7 +34,12 @@ def test_validate_reasons():
     if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::paged_attention_decode", "CUDA"):
         assert any("built without CUDA kernels" in r for r in _validate())
     else:
-        assert _validate() == [] and _validate(capability=DeviceCapability(9, 0), dtype=torch.bfloat16) == []
+        from vllm_volta._custom_ops import cuda_bf16_kernels_built
+
+        assert _validate() == []
+        bf16 = _validate(capability=DeviceCapability(9, 0), dtype=torch.bfloat16)
+        assert bf16 == ([] if cuda_bf16_kernels_built() else
+                        ["bfloat16 kernels are not built (every arch in TORCH_CUDA_ARCH_LIST is below 8.0)"])
 
 
 def _layers(num_heads, num_kv_heads, head_size):
