@@ -41,6 +41,8 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Same tables as plain ids (read every step for every running request).
+        self._req_to_block_ids: dict[str, list[int]] = {}
         self._num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
 
@@ -111,9 +113,11 @@ class KVCacheManager:
                 del self.req_to_blocks[request.request_id]
             return None
         self.pool.touch(new_computed_blocks)
-        req_blocks.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(0, num_new_blocks))
-        req_blocks.extend(new_blocks)
+        ids = self._req_to_block_ids.setdefault(request.request_id, [])
+        for added in (new_computed_blocks, new_blocks):
+            req_blocks.extend(added)
+            ids.extend(b.block_id for b in added)
         if self.enable_caching:
             self._cache_full_blocks(request, req_blocks, total_tokens)
         return new_blocks
@@ -129,11 +133,13 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks (tail first, so shared prefixes live longest)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self._req_to_block_ids.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+        """The request's block table (a copy)."""
+        return list(self._req_to_block_ids.get(request_id, ()))
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
