@@ -30,6 +30,7 @@ _HELP = {
     "enforce_eager": "disable CUDA graphs",
     "tensor_parallel_size": "number of GPUs (only 1 is supported for now)",
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
+    "disable_log_stats": "do not log throughput and KV-cache usage every 5 s",
 }
 
 
@@ -68,7 +69,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     device: str = "auto"
-    disable_log_stats: bool = True
+    disable_log_stats: bool = False
 
     def create_engine_config(self) -> VllmConfig:
         """Validate everything and resolve model/hardware-dependent values."""

@@ -32,6 +32,7 @@ class LLM:
         unknown = sorted(set(kwargs) - fields)
         if unknown:
             raise ValueError(f"unknown LLM argument(s) {unknown}; allowed: {sorted(fields)}")
+        kwargs.setdefault("disable_log_stats", True)  # offline: a progress bar, not log lines
         engine_args = EngineArgs(
             model=None if model is None else os.fspath(model), tokenizer=tokenizer, dtype=dtype,
             seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
