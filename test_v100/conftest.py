@@ -14,3 +14,11 @@ def default_model_path() -> Path:
     from vllm_volta.transformers_utils.default_model import get_default_model_path
 
     return get_default_model_path()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs the default model (directly or through another fixture) as
+    ``default_model``, so an offline GPU machine can deselect them with -m "not default_model"."""
+    for item in items:
+        if "default_model_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.default_model)

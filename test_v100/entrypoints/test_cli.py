@@ -54,6 +54,7 @@ def test_chat_template_file_or_inline(tmp_path):
         load_chat_template(str(tmp_path / "missing.jinja"))
 
 
+@pytest.mark.default_model
 def test_serve_default_model_smoke():
     """`vllm-volta serve` with no MODEL answers a chat request with the default model."""
     launcher = [sys.executable, "-c", "from vllm_volta.entrypoints.cli import main; main()",
