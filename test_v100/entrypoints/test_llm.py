@@ -113,13 +113,34 @@ def default_llm(default_model_path):
     return LLM(max_model_len=512, cpu_kvcache_space=0.05)
 
 
-def test_default_model_answers(default_llm):
-    """DESIGN section 5: LLM() serves SmolLM2-135M-Instruct and answers correctly."""
+@pytest.fixture(scope="module")
+def default_hf(default_model_path):
+    """transformers' Llama holding the default model's (dequantized) weights, fp32."""
+    import transformers
+
+    from vllm_volta.model_executor.model_loader.gguf_config import load_gguf_config
+    from vllm_volta.model_executor.model_loader.gguf_loader import iterate_gguf_weights
+    model = transformers.LlamaForCausalLM(load_gguf_config(default_model_path)).eval()
+    weights = dict(iterate_gguf_weights(default_model_path, use_tqdm=False))
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    return model
+
+
+def test_default_model_answers(default_llm, default_hf):
+    """DESIGN section 5: LLM() serves SmolLM2-135M-Instruct and answers correctly, with
+    transformers' greedy tokens on the same weights."""
+    from test_v100.worker.tiny_models import hf_greedy
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    chat = default_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                            greedy, use_tqdm=False)[0].outputs[0]
+    out = default_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                           greedy, use_tqdm=False)[0]
+    chat = out.outputs[0]
     assert chat.text == "The capital of France is Paris."
     assert chat.finish_reason == "stop"
+    # The engine stopped at eos (<|im_end|>, kept in token_ids); transformers, told to
+    # ignore eos, produces the same tokens up to and including it.
+    reference = hf_greedy(default_hf, out.prompt_token_ids, len(chat.token_ids))
+    assert list(chat.token_ids) == reference
     completion = default_llm.generate("The capital of France is",
                                       SamplingParams(temperature=0, max_tokens=3),
                                       use_tqdm=False)[0].outputs[0]
