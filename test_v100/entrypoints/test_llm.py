@@ -147,3 +147,18 @@ def test_default_model_answers(default_llm, default_hf):
     assert completion.text.startswith(" Paris.")
     engine = default_llm.llm_engine
     assert engine.model_config.served_model_name == "SmolLM2-135M-Instruct"
+
+
+def test_package_exports():
+    import vllm_volta
+    from vllm_volta.engine.arg_utils import EngineArgs
+    from vllm_volta.engine.llm_engine import LLMEngine
+    from vllm_volta.outputs import CompletionOutput
+
+    assert vllm_volta.EngineArgs is EngineArgs and vllm_volta.LLMEngine is LLMEngine
+    assert vllm_volta.CompletionOutput is CompletionOutput and vllm_volta.LLM is LLM
+    assert set(vllm_volta.__all__) >= {"LLM", "SamplingParams", "RequestOutput",
+                                       "CompletionOutput", "EngineArgs", "LLMEngine"}
+    assert isinstance(vllm_volta.__version__, str)
+    with pytest.raises(AttributeError):
+        vllm_volta.NotAThing  # noqa: B018
