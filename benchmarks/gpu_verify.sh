@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU verification in both modes, as the issues ask: native (extension built for the GPU present)
+# and Volta (extension built with TORCH_CUDA_ARCH_LIST="7.5+PTX" -> V100 adapter on, run with
+# VLLM_VOLTA_DEVICE_CAPABILITY=7.0). Every log and JSON goes to OUTDIR.
+#
+#   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]
+#
+# The Volta tree is a copy of this checkout (VOLTA_TREE, default /tmp/volta-tree) with its own
+# in-place build, so both extensions exist side by side.
+set -uo pipefail
+out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]}
+shift
+steps=${*:-build tests kernels e2e serving}
+root=$(cd "$(dirname "$0")/.." && pwd)
+volta=${VOLTA_TREE:-/tmp/volta-tree}
+mkdir -p "$out"
+cd "$root" || exit 1
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
+
+in_volta() { (cd "$volta" && VLLM_VOLTA_DEVICE_CAPABILITY=7.0 PYTHONPATH="$volta:${PYTHONPATH:-}" "$@"); }
+note() { echo "[gpu_verify $(date +%T)] $*"; }
+
+do_build() {
+  note "building native (in place) and Volta (7.5+PTX, $volta) extensions"
+  rm -rf "$volta" && mkdir -p "$volta"
+  tar --exclude=./build --exclude=./.git --exclude=./.whl --exclude='*.so' -cf - . | tar -xf - -C "$volta"
+  (cd "$volta" && TORCH_CUDA_ARCH_LIST="7.5+PTX" python setup.py build_ext --inplace) \
+    >"$out/build_volta.log" 2>&1 &
+  local vpid=$!
+  pip install --no-build-isolation --no-deps -e . >"$out/build_native.log" 2>&1 \
+    || { note "native build FAILED"; tail -30 "$out/build_native.log"; }
+  wait $vpid || { note "volta build FAILED"; tail -30 "$out/build_volta.log"; }
+  grep -h "vllm-volta:" "$out/build_native.log" "$out/build_volta.log" | sort -u
+}
+
+do_tests() {
+  note "test suite on the GPU, native mode"
+  python -m pytest -q -m "not default_model" test_v100 >"$out/tests_native.log" 2>&1
+  tail -4 "$out/tests_native.log"
+  note "test suite on the GPU, Volta mode (compile checks already ran in native mode)"
+  in_volta python -m pytest -q -m "not default_model" --ignore=test_v100/csrc/test_compile.py \
+    test_v100 >"$out/tests_volta.log" 2>&1
+  tail -4 "$out/tests_volta.log"
+}
+
+do_kernels() {
+  note "kernel benchmarks"
+  python benchmarks/kernels/benchmark_ops.py --output-json "$out/ops_native.json" >/dev/null
+  in_volta python benchmarks/kernels/benchmark_ops.py --output-json "$out/ops_volta.json" >/dev/null
+  python benchmarks/kernels/benchmark_paged_attention.py --output-json "$out/paged_native.json" >/dev/null
+  in_volta python benchmarks/kernels/benchmark_paged_attention.py \
+    --output-json "$out/paged_volta.json" >/dev/null
+}
+
+do_e2e() {
+  note "decode latency at batch 1, Llama-3-8B shape (roofline), both modes"
+  python benchmarks/benchmark_modes.py --volta-tree "$volta" --benchmark latency \
+    --config llama-3-8b --dtype half --batch-size 1 --input-len 128 --output-len 512 \
+    --num-iters 3 --num-iters-warmup 1 --roofline --output-json "$out/latency_modes.json" >/dev/null
+  note "offline throughput, Qwen2.5-1.5B shape, 1000 x 512/256, both modes + transformers"
+  python benchmarks/benchmark_modes.py --volta-tree "$volta" --benchmark throughput \
+    --config qwen2.5-1.5b --dtype half --max-model-len 1024 --input-len 512 --output-len 256 \
+    --num-prompts 1000 --compare-hf --hf-batch-size 256 \
+    --output-json "$out/throughput_modes.json" >/dev/null
+}
+
+do_serving() {
+  for mode in native volta; do
+    note "serving, 16 concurrent clients, $mode mode"
+    local cmd=(python benchmarks/benchmark_serving.py --config qwen2.5-1.5b --dtype half
+      --max-model-len 1024 --num-prompts 160 --input-len 512 --output-len 128
+      --max-concurrency 16 --ignore-eos --output-json "$out/serving_$mode.json")
+    if [ $mode = volta ]; then in_volta "${cmd[@]}" >/dev/null; else "${cmd[@]}" >/dev/null; fi
+  done
+}
+
+for step in $steps; do "do_$step"; done
+note "done"
