@@ -180,3 +180,22 @@ def test_failed_admission_is_not_counted_as_a_lookup(make_request):
         run_step(sched)  # b needs 2 blocks; a holds 2, then 3 of the 3
     assert b.status == RequestStatus.WAITING
     assert sched.kv_cache_manager.prefix_cache_stats.requests == 1
+
+
+def test_failed_step_does_not_leave_prefix_hits(make_request):
+    sched = make_scheduler()
+    a = make_request(range(13))
+    sched.add_request(a)
+    out = sched.schedule()  # a's 3 full blocks are registered for prefix caching
+    sched.step_failed(out)  # ... but the step never wrote their KV
+    sched.finish_requests(a.request_id, RequestStatus.FINISHED_ABORTED)
+    b = make_request(list(range(12)) + [99])
+    assert sched.kv_cache_manager.get_computed_blocks(b) == ([], 0)
+    # A step that fails mid-prefill keeps the blocks computed by earlier steps.
+    c = make_request(range(40), max_tokens=2)
+    sched.config.max_num_batched_tokens = 16
+    sched.add_request(c)
+    run_step(sched)  # tokens 0..15 computed: blocks 0..3 cached
+    sched.step_failed(sched.schedule())  # tokens 16..31 failed
+    hits, n = sched.kv_cache_manager.get_computed_blocks(make_request(range(40)))
+    assert n == 16

@@ -214,3 +214,29 @@ def test_abort_frees_blocks_and_stats(tiny):
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("c", [5], GREEDY)
         engine.add_request("c", [5], GREEDY)
+
+
+def test_failed_step_leaves_no_stale_prefix_cache(tiny):
+    from vllm_volta.executor.uniproc import UniProcExecutor
+
+    class FailOnce(UniProcExecutor):
+        fail = True
+
+        def execute_model(self, scheduler_output):
+            if FailOnce.fail and scheduler_output.scheduled:
+                FailOnce.fail = False
+                raise RuntimeError("injected failure")
+            return super().execute_model(scheduler_output)
+
+    path, hf_model = tiny["llama"]
+    engine = LLMEngine(EngineArgs(model=str(path), skip_tokenizer_init=True,
+                                  cpu_kvcache_space=0.01).create_engine_config(),
+                       executor_class=FailOnce)
+    prompt = random_prompts(1, 40, 40, seed=8)[0]
+    engine.add_request("x", prompt, GREEDY)
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    engine.abort_request("x")
+    out = run(engine, [prompt], GREEDY)[0]
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 8)

@@ -81,9 +81,7 @@ class BlockPool:
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
-            if self._cached.get(block.block_hash) is block:
-                del self._cached[block.block_hash]
-            block.block_hash = None
+            self.uncache_block(block)
             self.num_evictions += 1
 
     def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
@@ -98,6 +96,13 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
+
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Drop a block from the prefix-cache index (its KV is not valid after all)."""
+        if block.block_hash is not None:
+            if self._cached.get(block.block_hash) is block:
+                del self._cached[block.block_hash]
+            block.block_hash = None
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching 0 join the free list.

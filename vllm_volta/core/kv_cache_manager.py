@@ -130,6 +130,16 @@ class KVCacheManager:
             self.pool.cache_full_block(req_blocks[i], request.block_hashes[i])
         self._num_cached_blocks[request.request_id] = max(start, num_full)
 
+    def uncache_uncomputed(self, request: Request, num_computed_tokens: int) -> None:
+        """Unregister the request's blocks past `num_computed_tokens` (a step that was to
+        compute them failed, so their KV must never be served as a prefix hit)."""
+        first = num_computed_tokens // self.block_size
+        for block in self.req_to_blocks.get(request.request_id, ())[first:]:
+            self.pool.uncache_block(block)
+        if request.request_id in self._num_cached_blocks:
+            self._num_cached_blocks[request.request_id] = min(
+                self._num_cached_blocks[request.request_id], first)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks (tail first, so shared prefixes live longest)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

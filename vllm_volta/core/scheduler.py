@@ -193,6 +193,13 @@ class Scheduler:
         self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
         out.errored.append(request)
 
+    def step_failed(self, out: SchedulerOutput) -> None:
+        """The step of `out` raised: its KV was not (fully) written, so blocks registered
+        for prefix caching at scheduling time must not be shared. Requests stay as they
+        were (not advanced); the caller decides whether to retry or abort them."""
+        for sched in out.scheduled:
+            self.kv_cache_manager.uncache_uncomputed(sched.request, sched.num_computed_tokens)
+
     # ---- results ------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput,
                            sampled_token_ids: dict[str, list[int]]) -> list[Request]:

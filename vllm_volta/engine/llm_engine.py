@@ -179,7 +179,11 @@ class LLMEngine:
         generation needs nothing else, and skipping the rest saves host time per step).
         """
         sched_out = self.scheduler.schedule()
-        runner_out = self.executor.execute_model(sched_out)
+        try:
+            runner_out = self.executor.execute_model(sched_out)
+        except BaseException:
+            self.scheduler.step_failed(sched_out)
+            raise
         now = time.time()
         for s in sched_out.scheduled:
             self._groups[s.request.parent_id].mark_scheduled(now)
