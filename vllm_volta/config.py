@@ -86,6 +86,8 @@ class ModelConfig:
     served_model_name: str | None = None
     trust_remote_code: bool = False
     enforce_eager: bool = False
+    # Decode steps whose longest context exceeds this run eagerly (graphs bake the bound in).
+    max_seq_len_to_capture: int = 8192
     max_logprobs: int = 20
     skip_tokenizer_init: bool = False
     # Given directly (tests) or resolved from `model` in __post_init__.
@@ -97,6 +99,8 @@ class ModelConfig:
                  self.load_format)
         _require(isinstance(self.max_logprobs, int) and self.max_logprobs >= 0, "max_logprobs",
                  ">= 0", self.max_logprobs)
+        _require(isinstance(self.max_seq_len_to_capture, int) and self.max_seq_len_to_capture >= 1,
+                 "max_seq_len_to_capture", ">= 1", self.max_seq_len_to_capture)
         if self.model is None:
             from vllm_volta.transformers_utils.default_model import (
                 DEFAULT_MODEL_NAME, get_default_model_path)

@@ -26,6 +26,32 @@ def test_default_capture_sizes():
     assert default_capture_sizes(64, requested=[3, 1, 100, 3]) == [1, 3]
 
 
+def stub_runner(model, caches, device, block_size, max_model_len, max_seq_len_to_capture=8192):
+    return SimpleNamespace(
+        model=model, kv_caches=caches, device=device, block_size=block_size,
+        model_config=SimpleNamespace(max_model_len=max_model_len,
+                                     max_seq_len_to_capture=max_seq_len_to_capture),
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(cuda_graph_sizes=None)))
+
+
+def test_which_steps_replay_a_graph():
+    """can_run / padded_size decide on CPU too (nothing is captured here)."""
+    graphs = CudaGraphRunner(stub_runner(None, [], torch.device("cpu"), 8, 512,
+                                         max_seq_len_to_capture=64), [1, 2, 4, 8])
+    assert (graphs.max_seq_len, graphs.max_blocks) == (64, 8)
+    gen = torch.Generator().manual_seed(0)
+    decode = decode_batch(5, 8, gen)
+    inp = prepare_inputs(decode, 8, torch.device("cpu"))
+    assert graphs.can_run(inp) and graphs.padded_size(5) == 8 and graphs.padded_size(1) == 1
+    assert not graphs.can_run(prepare_inputs(decode_batch(9, 8, gen), 8, torch.device("cpu")))
+    prefill = [ScheduledRequest(decode[0].request, 2, decode[0].num_computed_tokens - 1,
+                                decode[0].block_ids, samples=True)] + decode[1:]
+    assert not graphs.can_run(prepare_inputs(prefill, 8, torch.device("cpu")))
+    req = Request("long", list(range(70)), SamplingParams(), max_tokens=1, block_size=8)
+    long_ctx = [ScheduledRequest(req, 1, 69, list(range(1, 10)), samples=True)]
+    assert not graphs.can_run(prepare_inputs(long_ctx, 8, torch.device("cpu")))
+
+
 class ToyDecodeModel(nn.Module):
     """A capturable stand-in with the Model interface: writes each new token's embedding
     into the paged cache, then attends over the sequence's context through the block table
@@ -71,11 +97,8 @@ def test_graph_replay_equals_eager_with_padding():
     torch.manual_seed(0)
     model = ToyDecodeModel().to(device).eval()
     caches = [torch.randn(2, 1 + 8 * 40, block_size, 1, 16, device=device)]
-    runner = SimpleNamespace(
-        model=model, kv_caches=caches, device=device, block_size=block_size,
-        model_config=SimpleNamespace(max_model_len=max_model_len),
-        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(cuda_graph_sizes=None)))
-    graphs = CudaGraphRunner.capture(runner, max_num_seqs=40)
+    graphs = CudaGraphRunner.capture(stub_runner(model, caches, device, block_size, max_model_len),
+                                     max_num_seqs=40)
     assert graphs.sizes == [1, 2, 4, 8, 16, 24, 32, 40]
     gen = torch.Generator().manual_seed(1)
     for num_seqs in (1, 3, 8, 17, 40):

@@ -30,6 +30,7 @@ _HELP = {
     "enforce_eager": "disable CUDA graphs",
     "tensor_parallel_size": "number of GPUs (only 1 is supported for now)",
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
+    "max_seq_len_to_capture": "longest context a CUDA-graph decode step may have (else eager)",
     "disable_log_stats": "do not log throughput and KV-cache usage every 5 s",
 }
 
@@ -66,6 +67,7 @@ class EngineArgs:
     # Execution
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
+    max_seq_len_to_capture: int = 8192
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     device: str = "auto"
@@ -89,6 +91,7 @@ class EngineArgs:
             revision=self.revision, tokenizer_revision=self.tokenizer_revision,
             served_model_name=self.served_model_name,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
+            max_seq_len_to_capture=self.max_seq_len_to_capture,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
         )
         device = device_config.device

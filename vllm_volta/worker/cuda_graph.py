@@ -8,8 +8,10 @@ slot -1, context of 1 token in the reserved null block 0).
 
 All graphs read from one set of static input buffers and share one memory pool. The
 attention backend must be capturable (class attribute `supports_cuda_graphs`): no host
-synchronisation, no shape that depends on tensor values. Metadata ints baked into the
-graphs (max_seq_len) are the upper bound max_model_len.
+synchronisation, no shape that depends on tensor values. The metadata int baked into the
+graphs, max_seq_len, is min(max_model_len, max_seq_len_to_capture) (kernels size their
+context split by it); steps with a longer context run eagerly. Host-side metadata fields
+(query_start_loc_cpu, seq_lens_cpu) are placeholders in graph mode.
 """
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ class CudaGraphRunner:
         self.sizes = sizes
         self.max_size = sizes[-1]
         mc = runner.model_config
-        self.max_seq_len = mc.max_model_len
-        self.max_blocks = -(-mc.max_model_len // runner.block_size)
+        self.max_seq_len = min(mc.max_model_len, mc.max_seq_len_to_capture)
+        self.max_blocks = -(-self.max_seq_len // runner.block_size)
         device = runner.device
         n = self.max_size
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -106,7 +108,8 @@ class CudaGraphRunner:
         md = inp.attn_metadata
         num_seqs = md.num_seqs
         return (md.max_query_len == 1 and md.num_actual_tokens == num_seqs
-                and num_seqs <= self.max_size and md.block_table.shape[1] <= self.max_blocks)
+                and num_seqs <= self.max_size and md.max_seq_len <= self.max_seq_len
+                and md.block_table.shape[1] <= self.max_blocks)
 
     def padded_size(self, num_seqs: int) -> int:
         return next(s for s in self.sizes if s >= num_seqs)
