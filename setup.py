@@ -1,7 +1,8 @@
 """Build vllm_volta._C with CMake + ninja (metadata lives in pyproject.toml).
 
 Honours TORCH_CUDA_ARCH_LIST (read by CMakeLists.txt), MAX_JOBS (parallel compile
-jobs) and CUDA_HOME (which nvcc to use). Editable installs put the extension next to
+jobs), CUDA_HOME (which nvcc to use), VLLM_VOLTA_FORCE_CPU=1 (CPU kernels only) and
+VLLM_VOLTA_CUDART=static|shared (how the CUDA runtime is linked). Editable installs put the extension next to
 the sources (vllm_volta/_C.abi3.so), so `python -m pytest` from the repo root finds it.
 """
 from __future__ import annotations
@@ -46,6 +47,9 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
         ]
+        # Build knobs passed through from the environment (see CMakeLists.txt).
+        args.append(f"-DVLLM_VOLTA_FORCE_CPU={'ON' if os.environ.get('VLLM_VOLTA_FORCE_CPU') == '1' else 'OFF'}")
+        args.append(f"-DVLLM_VOLTA_CUDART={os.environ.get('VLLM_VOLTA_CUDART', 'static')}")
         cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
         if cuda_home:
             args += [f"-DCMAKE_CUDA_COMPILER={Path(cuda_home) / 'bin' / 'nvcc'}",

@@ -10,9 +10,12 @@ namespace vllm_volta {
 
 namespace {
 
-// One block per row; enough threads that each holds ~2 vectors (inside the register cache).
-int norm_threads(int64_t num_vecs) {
-  return static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(64, round_up(static_cast<int>((num_vecs + 1) / 2), 32))));
+// Threads per row: a power of two in [32, 1024] so each thread holds <= kRmsNormCache
+// vectors; short rows share a 256-thread block (no block-wide barrier for a warp per row).
+dim3 norm_block(int64_t num_vecs) {
+  int threads = 32;
+  while (threads < 1024 && threads * kRmsNormCache < num_vecs) threads *= 2;
+  return dim3(threads, std::max(1, 256 / threads));
 }
 
 // ADD = fused_add_rms_norm: `out` is `in` (in place, strided rows), `residual` contiguous.
@@ -32,10 +35,12 @@ void launch_rms_norm(const char* op, const Tensor& out, int64_t out_stride, cons
                                      {rows.hidden, rows.row_stride, out_stride});
     dispatch_vec_width<T>(width, [&](auto vec_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
-      rms_norm_kernel<T, VEC, ADD><<<static_cast<unsigned>(rows.rows), norm_threads(rows.hidden / VEC), 0, stream>>>(
+      const dim3 block = norm_block(rows.hidden / VEC);
+      const unsigned grid = static_cast<unsigned>((rows.rows + block.y - 1) / block.y);
+      rms_norm_kernel<T, VEC, ADD><<<grid, block, 0, stream>>>(
           static_cast<T*>(out.data_ptr()), out_stride, static_cast<const T*>(in.data_ptr()), rows.row_stride,
           res_ptr, static_cast<const T*>(weight.data_ptr()), static_cast<float>(epsilon),
-          static_cast<int>(rows.hidden));
+          static_cast<int>(rows.hidden), rows.rows);
     });
   });
   check_launch(op);

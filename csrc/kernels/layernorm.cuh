@@ -1,10 +1,12 @@
-// RMSNorm kernels (device code only): one block per row, VEC elements per access.
+// RMSNorm kernels (device code only): blockDim.x threads per row, blockDim.y rows per block,
+// VEC elements per access.
 //   rms_norm:           out = round_T(x * inv_rms) * w          (x = input row)
 //   fused_add_rms_norm: z = round_T(x + r); r <- z; x <- round_T(z * inv_rms) * w
 // inv_rms = rsqrt(mean(x^2) + eps) accumulated in fp32. Rounding to T before the weight
 // multiply matches vLLM and Hugging Face RMSNorm.
-// Each thread keeps up to CACHE vectors of its row in registers so the row is read from
-// memory once; rows longer than blockDim.x * CACHE * VEC re-read the rest.
+// Each thread keeps up to kRmsNormCache vectors of its row in registers, all loaded before
+// the reduction (many loads in flight), so the row is read from memory once; rows longer
+// than blockDim.x * kRmsNormCache * VEC re-read the rest.
 #pragma once
 
 #include "kernels/reduce.cuh"
@@ -12,7 +14,7 @@
 
 namespace vllm_volta {
 
-constexpr int kRmsNormCache = 4;
+constexpr int kRmsNormCache = 8;
 
 template <typename T, int VEC>
 __device__ __forceinline__ float sum_squares(const Vec<T, VEC>& x) {
@@ -54,34 +56,33 @@ __device__ __forceinline__ Vec<T, VEC> normalize(const Vec<T, VEC>& x, const Vec
 // `residual` is contiguous; for rms_norm `residual` is null.
 template <typename T, int VEC, bool ADD>
 __global__ void rms_norm_kernel(T* out, int64_t out_stride, const T* in, int64_t in_stride,
-                                T* residual, const T* __restrict__ weight, float epsilon, int hidden) {
+                                T* residual, const T* __restrict__ weight, float epsilon, int hidden,
+                                int64_t rows) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
     using V = Vec<T, VEC>;
-    const int64_t row = blockIdx.x;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    const bool active = row < rows;  // the last block may have idle rows (still in the reduction)
     const V* in_row = reinterpret_cast<const V*>(in + row * in_stride);
     V* res_row = ADD ? reinterpret_cast<V*>(residual + row * hidden) : nullptr;
-    const int num_vecs = hidden / VEC;
+    const int num_vecs = active ? hidden / VEC : 0;
 
     V cache[kRmsNormCache];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < kRmsNormCache; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
-      if (i < num_vecs) {
-        cache[k] = load_source<T, VEC, ADD>(in_row, res_row, i);
-        ss += sum_squares<T, VEC>(cache[k]);
-      }
+      if (i < num_vecs) cache[k] = load_source<T, VEC, ADD>(in_row, res_row, i);
     }
+#pragma unroll
+    for (int k = 0; k < kRmsNormCache; ++k)
+      if (threadIdx.x + k * blockDim.x < num_vecs) ss += sum_squares<T, VEC>(cache[k]);
     for (int i = threadIdx.x + kRmsNormCache * blockDim.x; i < num_vecs; i += blockDim.x)
       ss += sum_squares<T, VEC>(load_source<T, VEC, ADD>(in_row, res_row, i));
 
-    __shared__ float s_inv_rms;
-    ss = block_sum(ss);
-    if (threadIdx.x == 0) s_inv_rms = rsqrtf(ss / hidden + epsilon);
-    __syncthreads();
-    const float inv_rms = s_inv_rms;
+    const float inv_rms = rsqrtf(row_sum(ss) / hidden + epsilon);
+    if (!active) return;
 
     const V* w = reinterpret_cast<const V*>(weight);
     V* out_row = reinterpret_cast<V*>(out + row * out_stride);

@@ -1,4 +1,4 @@
-// Block-wide reductions (device code only). blockDim.x must be a multiple of 32.
+// Warp / row reductions (device code only). blockDim.x must be a multiple of 32.
 #pragma once
 
 namespace vllm_volta {
@@ -9,16 +9,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Sum of v over the block, returned to every thread. Call once per kernel (shared scratch).
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+// Sum of v over the blockDim.x threads that share threadIdx.y (one row of a 2-D block),
+// returned to each of them. blockDim.x * blockDim.y <= 1024. Call once per kernel (shared
+// scratch); every thread of the block must call it (it may synchronize the block).
+__device__ __forceinline__ float row_sum(float v) {
+  __shared__ float partial[32][32];  // [row][warp of the row]
   v = warp_sum(v);
-  if (lane == 0) warp_sums[warp] = v;
+  const int warps_per_row = blockDim.x >> 5;
+  if (warps_per_row == 1) return v;  // uniform over the block
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) partial[threadIdx.y][threadIdx.x >> 5] = v;
   __syncthreads();
-  const int num_warps = (blockDim.x + 31) >> 5;
-  v = lane < num_warps ? warp_sums[lane] : 0.f;
+  v = lane < warps_per_row ? partial[threadIdx.y][lane] : 0.f;
   return warp_sum(v);
 }
 
