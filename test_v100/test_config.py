@@ -100,10 +100,11 @@ def test_scheduler_config_validation():
 
 def test_parallel_and_device_config():
     assert ParallelConfig().world_size == 1
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
-        ParallelConfig(tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="pipeline_parallel_size"):
-        ParallelConfig(pipeline_parallel_size=0)
+    assert ParallelConfig(tensor_parallel_size=2).world_size == 2
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported yet"):
+        ParallelConfig(pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        ParallelConfig(tensor_parallel_size=0)
     assert DeviceConfig().device == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="device"):
         DeviceConfig("tpu")

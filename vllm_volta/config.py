@@ -232,7 +232,7 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    """Tensor/pipeline parallelism. Only a single device exists today."""
+    """Tensor parallelism: one worker process per device (pipeline parallelism: not yet)."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -240,11 +240,12 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, name, ">= 1", value)
-            if value > 1:
-                raise ValueError(
-                    f"{name}={value} is not supported yet: vllm-volta runs on a single device "
-                    f"for now; allowed value is 1")
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     name, "an integer >= 1", value)
+        if self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet; "
+                f"allowed value is 1 (use tensor_parallel_size to split a model over GPUs)")
 
     @property
     def world_size(self) -> int:
@@ -284,3 +285,12 @@ class VllmConfig:
     def __post_init__(self) -> None:
         from vllm_volta.platforms import current_platform
         current_platform.check_and_update_config(self)
+        tp = self.parallel_config.tensor_parallel_size
+        if self.device_config.device == "cuda" and tp > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs, but "
+                             f"{torch.cuda.device_count()} are visible; allowed range is "
+                             f"[1, {torch.cuda.device_count()}]")
+        heads = self.model_config.get_num_attention_heads()
+        if heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
+                             f"{heads} attention heads")

@@ -46,10 +46,22 @@ def test_no_chunked_prefill_budget_covers_max_model_len(model_dir):
     assert cfg.scheduler_config.max_num_batched_tokens >= 512
 
 
-def test_tensor_parallel_is_a_clear_error_before_loading():
+def test_parallel_errors(model_dir):
     # The model does not exist: the parallel check must fire first.
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
-        EngineArgs(model="/does/not/exist", tensor_parallel_size=2).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported yet"):
+        EngineArgs(model="/does/not/exist", pipeline_parallel_size=2).create_engine_config()
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide the model's 4 "):
+        EngineArgs(model=str(model_dir), tensor_parallel_size=3).create_engine_config()
+    assert EngineArgs(model=str(model_dir), tensor_parallel_size=2,
+                      device="cpu").create_engine_config().parallel_config.world_size == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_more_ranks_than_gpus_is_a_clear_error(model_dir):
+    too_many = torch.cuda.device_count() + 1
+    with pytest.raises(ValueError, match=f"tensor_parallel_size={too_many} needs {too_many} GPUs"):
+        EngineArgs(model=str(model_dir), tensor_parallel_size=too_many).create_engine_config()
 
 
 def test_cli_round_trip(model_dir):

@@ -13,13 +13,11 @@ from vllm_volta.executor.uniproc import UniProcExecutor
 from vllm_volta.sampling_params import SamplingParams
 
 
-def test_multi_device_is_a_clear_error():
-    config = VllmConfig.__new__(VllmConfig)  # skip validation: ParallelConfig rejects tp > 1
-    config.parallel_config = ParallelConfig.__new__(ParallelConfig)
-    config.parallel_config.tensor_parallel_size = 2
-    config.parallel_config.pipeline_parallel_size = 1
-    with pytest.raises(ValueError, match="not supported yet"):
-        Executor.get_class(config)
+def test_executor_class_follows_the_parallel_config():
+    config = VllmConfig.__new__(VllmConfig)  # only parallel_config is read
+    config.parallel_config = ParallelConfig(tensor_parallel_size=2)
+    from vllm_volta.executor.multiproc import MultiprocExecutor
+    assert Executor.get_class(config) is MultiprocExecutor
 
 
 def test_uniproc_lifecycle(tmp_path):
@@ -34,7 +32,7 @@ def test_uniproc_lifecycle(tmp_path):
     prompt = [5, 6, 7, 8, 9]
     req = Request("a", prompt, SamplingParams(temperature=0), max_tokens=1, block_size=4)
     out = executor.execute_model(SchedulerOutput(
-        scheduled=[ScheduledRequest(req, 5, 0, [1, 2], samples=True)],
+        scheduled=[ScheduledRequest.make(req, 5, 0, [1, 2])],
         total_num_scheduled_tokens=5))
     with torch.no_grad():
         expected = hf_model(torch.tensor([prompt])).logits[0, -1].argmax().item()

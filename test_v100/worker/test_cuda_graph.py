@@ -44,11 +44,11 @@ def test_which_steps_replay_a_graph():
     inp = prepare_inputs(decode, 8, torch.device("cpu"))
     assert graphs.can_run(inp) and graphs.padded_size(5) == 8 and graphs.padded_size(1) == 1
     assert not graphs.can_run(prepare_inputs(decode_batch(9, 8, gen), 8, torch.device("cpu")))
-    prefill = [ScheduledRequest(decode[0].request, 2, decode[0].num_computed_tokens - 1,
-                                decode[0].block_ids, samples=True)] + decode[1:]
+    prefill = [ScheduledRequest.make(decode[0].request, 2, decode[0].num_computed_tokens - 1,
+                                     decode[0].block_ids)] + decode[1:]
     assert not graphs.can_run(prepare_inputs(prefill, 8, torch.device("cpu")))
     req = Request("long", list(range(70)), SamplingParams(), max_tokens=1, block_size=8)
-    long_ctx = [ScheduledRequest(req, 1, 69, list(range(1, 10)), samples=True)]
+    long_ctx = [ScheduledRequest.make(req, 1, 69, list(range(1, 10)))]
     assert not graphs.can_run(prepare_inputs(long_ctx, 8, torch.device("cpu")))
 
 
@@ -85,7 +85,7 @@ def decode_batch(num_seqs: int, block_size: int, gen: torch.Generator):
         req = Request(f"s{i}", tokens, SamplingParams(), max_tokens=1, block_size=block_size)
         nblocks = -(-ctx // block_size)
         blocks = list(range(1 + i * 8, 1 + i * 8 + nblocks))  # 8 blocks reserved per seq
-        batch.append(ScheduledRequest(req, 1, ctx - 1, blocks, samples=True))
+        batch.append(ScheduledRequest.make(req, 1, ctx - 1, blocks))
     return batch
 
 
@@ -110,7 +110,7 @@ def test_graph_replay_equals_eager_with_padding():
         torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
     assert graphs.num_replays == 5
     prefill = decode_batch(2, block_size, gen)
-    prefill[0] = ScheduledRequest(prefill[0].request, 3, 0, prefill[0].block_ids, samples=False)
+    prefill[0] = ScheduledRequest.make(prefill[0].request, 3, 0, prefill[0].block_ids)
     assert not graphs.can_run(prepare_inputs(prefill, block_size, device))
 
 

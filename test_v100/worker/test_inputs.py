@@ -11,8 +11,7 @@ from vllm_volta.worker.inputs import prepare_inputs
 
 def scheduled(tokens, num_computed, num_new, block_ids):
     req = Request("r%d" % len(tokens), tokens, SamplingParams(), max_tokens=4, block_size=4)
-    return ScheduledRequest(req, num_new, num_computed, block_ids,
-                            samples=num_computed + num_new == len(tokens))
+    return ScheduledRequest.make(req, num_new, num_computed, block_ids)
 
 
 def test_matches_reference_metadata_for_mixed_batch():

@@ -32,10 +32,19 @@ class ScheduledRequest:
     block_ids: list[int]
     # This step reaches the end of the known tokens, so a token is sampled.
     samples: bool
+    token_ids: list[int]  # the tokens this step runs (self-contained for remote workers)
 
     @property
     def req_id(self) -> str:
         return self.request.request_id
+
+    @classmethod
+    def make(cls, request: Request, num_new_tokens: int, num_computed_tokens: int,
+             block_ids: list[int]) -> ScheduledRequest:
+        end = num_computed_tokens + num_new_tokens
+        return cls(request, num_new_tokens, num_computed_tokens, block_ids,
+                   samples=end == request.num_tokens,
+                   token_ids=request.all_token_ids[num_computed_tokens:end])
 
 
 @dataclass
@@ -164,13 +173,9 @@ class Scheduler:
         return out
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
-        out.scheduled.append(ScheduledRequest(
-            request=request,
-            num_new_tokens=num_new,
-            num_computed_tokens=request.num_computed_tokens,
-            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            samples=request.num_computed_tokens + num_new == request.num_tokens,
-        ))
+        out.scheduled.append(ScheduledRequest.make(
+            request, num_new, request.num_computed_tokens,
+            self.kv_cache_manager.get_block_ids(request.request_id)))
         out.total_num_scheduled_tokens += num_new
 
     def _preempt(self, request: Request) -> None:

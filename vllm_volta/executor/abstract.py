@@ -1,7 +1,7 @@
 """Executor: the engine's only handle on the model, wherever (and on how many devices) it runs.
 
-Tensor parallelism (one worker process per GPU) and multi-node executors implement this
-same interface, so the engine does not change when they arrive.
+UniProcExecutor (one device, this process) and MultiprocExecutor (tensor parallelism, one
+process per device) implement it; a multi-node executor would too, with no engine change.
 """
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ class Executor(ABC):
 
     @staticmethod
     def get_class(vllm_config: VllmConfig) -> type[Executor]:
-        """The executor for the parallel config (only a single device exists today)."""
-        world_size = vllm_config.parallel_config.world_size
-        if world_size != 1:
-            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size = {world_size} is "
-                             f"not supported yet; allowed value is 1")
+        """One device: UniProcExecutor; tensor parallelism: MultiprocExecutor."""
+        if vllm_config.parallel_config.world_size > 1:
+            from vllm_volta.executor.multiproc import MultiprocExecutor
+            return MultiprocExecutor
         from vllm_volta.executor.uniproc import UniProcExecutor
         return UniProcExecutor
 

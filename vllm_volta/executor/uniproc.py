@@ -25,6 +25,7 @@ class UniProcExecutor(Executor):
 
     def shutdown(self) -> None:
         if self.worker is not None:
+            self.worker.shutdown()
             runner = self.worker.model_runner
             runner.kv_caches.clear()
             runner.graph_runner = None

@@ -47,8 +47,7 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
 
     token_ids: list[int] = []
     for s in scheduled:
-        token_ids += s.request.all_token_ids[s.num_computed_tokens:
-                                             s.num_computed_tokens + s.num_new_tokens]
+        token_ids += s.token_ids
     # Position of flat token t of sequence i: t - qsl[i] + num_computed[i].
     positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(qsl[:-1] - num_computed, num_new)
 

@@ -45,8 +45,12 @@ class ModelRunner:
     preemption too, so a resumed request continues the same random stream).
     """
 
-    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device,
+                 is_driver: bool = True) -> None:
         self.vllm_config = vllm_config
+        # Tensor-parallel ranks other than the driver run the model (its collectives need
+        # every rank) but do not sample.
+        self.is_driver = is_driver
         self.model_config = vllm_config.model_config
         self.block_size = vllm_config.cache_config.block_size
         self.device = device
@@ -67,8 +71,13 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        from vllm_volta.model_executor.layers.parallel_state import (
+            get_tensor_model_parallel_world_size)
         mc = self.model_config
-        return (2, num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
+        tp = get_tensor_model_parallel_world_size()
+        # This rank's kv heads (replicated when there are fewer heads than ranks).
+        kv_heads = max(mc.get_num_kv_heads() // tp, 1)
+        return (2, num_blocks, self.block_size, kv_heads, mc.get_head_size())
 
     def kv_cache_block_bytes(self) -> int:
         """Bytes one block takes across all layers (keys and values)."""
@@ -101,7 +110,8 @@ class ModelRunner:
         self._prompt_logprobs(scheduled, inp, hidden, output)
         if inp.sample_rows:
             logits = self.model.compute_logits(hidden[inp.logits_indices])
-            self._sample(scheduled, inp.sample_rows, logits, output)
+            if self.is_driver:
+                self._sample(scheduled, inp.sample_rows, logits, output)
         return output
 
     def _forward(self, inp: ModelInput) -> torch.Tensor:
@@ -150,6 +160,8 @@ class ModelRunner:
                 continue
             row0 = int(inp.query_start_loc[i])
             logits = self.model.compute_logits(hidden[row0:row0 + end - start])
+            if not self.is_driver:
+                continue
             next_ids = torch.tensor(s.request.prompt_token_ids[start + 1:end + 1],
                                     dtype=torch.int64, device=logits.device)
             ids, lps, ranks = compute_prompt_logprobs(logits, next_ids, num_logprobs).tolists()

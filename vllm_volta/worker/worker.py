@@ -14,18 +14,45 @@ logger = init_logger(__name__)
 
 
 class Worker:
-    """Runs the model on `vllm_config.device_config` (one process, one device)."""
+    """Runs the model (or, with tensor parallelism, rank `rank`'s shard of it) on one device.
 
-    def __init__(self, vllm_config: VllmConfig, device_index: int = 0) -> None:
+    With world_size > 1 every rank joins one torch.distributed group (NCCL on GPUs, gloo on
+    CPUs) through `distributed_init_method`; rank r uses GPU r; rank 0 is the driver, the
+    only one that samples.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, rank: int = 0, world_size: int = 1,
+                 distributed_init_method: str | None = None) -> None:
         self.vllm_config = vllm_config
+        self.rank, self.world_size = rank, world_size
         device_type = vllm_config.device_config.device
-        self.device = (torch.device("cuda", device_index) if device_type == "cuda"
+        self.device = (torch.device("cuda", rank) if device_type == "cuda"
                        else torch.device("cpu"))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        if world_size > 1:
+            self._init_distributed(distributed_init_method)
         # Unseeded random sampling draws from the global generator: seed it like vLLM.
         torch.manual_seed(vllm_config.model_config.seed)
-        self.model_runner = ModelRunner(vllm_config, self.device)
+        self.model_runner = ModelRunner(vllm_config, self.device, is_driver=rank == 0)
+
+    def _init_distributed(self, init_method: str | None) -> None:
+        import torch.distributed as dist
+
+        from vllm_volta.model_executor.layers.parallel_state import set_tensor_parallel
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                world_size=self.world_size)
+        set_tensor_parallel(self.rank, self.world_size)
+
+    def shutdown(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            from vllm_volta.model_executor.layers.parallel_state import set_tensor_parallel
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            set_tensor_parallel(0, 1)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -45,6 +72,8 @@ class Worker:
             budget = cache_config.cpu_kvcache_bytes()
             what = f"the CPU KV-cache budget is {budget / 2**30:.2f} GiB"
         num_blocks = budget // block_bytes
+        if self.world_size > 1:  # every rank must hold the same number of blocks
+            num_blocks = self._min_over_ranks(num_blocks)
         if num_blocks < 2:
             raise ValueError(
                 f"No room for the KV cache: {what}, one block needs {block_bytes} bytes. "
@@ -53,6 +82,12 @@ class Worker:
         sc = self.vllm_config.scheduler_config
         useful = sc.max_num_seqs * -(-sc.max_model_len // cache_config.block_size) + 1
         return int(min(num_blocks, useful))
+
+    def _min_over_ranks(self, value: int) -> int:
+        import torch.distributed as dist
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
 
     def _profile_gpu_kv_bytes(self) -> int:
         util = self.vllm_config.cache_config.gpu_memory_utilization
@@ -75,24 +110,33 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         self.model_runner.initialize_kv_caches(num_blocks)
-        mc, sc = self.vllm_config.model_config, self.vllm_config.scheduler_config
+        if self.rank == 0:
+            self._log_cache(num_blocks)
+        self._maybe_capture_cuda_graphs(self.vllm_config.scheduler_config.max_num_seqs)
+
+    def _log_cache(self, num_blocks: int) -> None:
+        mc = self.vllm_config.model_config
         block_size = self.vllm_config.cache_config.block_size
         tokens = (num_blocks - 1) * block_size
+        tp = f" | tensor parallel {self.world_size}" if self.world_size > 1 else ""
         logger.info(
-            "Model %s | dtype %s | attention backend %s | KV cache: %d blocks of %d tokens "
-            "(%d tokens, %.2f GiB) | max concurrency for %d-token requests: %.2fx",
+            "Model %s | dtype %s | attention backend %s%s | KV cache: %d blocks of %d tokens "
+            "(%d tokens, %.2f GiB per device) | max concurrency for %d-token requests: %.2fx",
             mc.served_model_name, str(mc.dtype).removeprefix("torch."),
-            getattr(self.model_runner.attn_backend, "name", "?"), num_blocks, block_size,
+            getattr(self.model_runner.attn_backend, "name", "?"), tp, num_blocks, block_size,
             tokens, num_blocks * self.model_runner.kv_cache_block_bytes() / 2**30,
             mc.max_model_len, tokens / mc.max_model_len)
         if tokens < mc.max_model_len:
             logger.warning("The KV cache holds %d tokens, less than max_model_len=%d: longer "
                            "requests will finish with an error", tokens, mc.max_model_len)
-        self._maybe_capture_cuda_graphs(sc.max_num_seqs)
 
     def _maybe_capture_cuda_graphs(self, max_num_seqs: int) -> None:
         runner = self.model_runner
         if (self.device.type != "cuda" or self.vllm_config.model_config.enforce_eager):
+            return
+        if self.world_size > 1:
+            # torch.distributed collectives inside captured graphs are not relied on yet.
+            logger.info("CUDA graphs off with tensor_parallel_size=%d", self.world_size)
             return
         if not getattr(runner.attn_backend, "supports_cuda_graphs", False):
             logger.info("CUDA graphs off: attention backend %s cannot be captured",

@@ -1,0 +1,67 @@
+"""Tensor parallelism on CPU (gloo): 2 ranks reproduce transformers and the 1-rank engine."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_model_dir
+from vllm_volta.core.request import Request
+from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.llm_engine import LLMEngine
+from vllm_volta.executor.multiproc import MultiprocExecutor, slim_scheduler_output
+from vllm_volta.sampling_params import SamplingParams
+
+
+def run(engine, prompts, params):
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in engine.step(finished_only=True)})
+    return [final[str(i)] for i in range(len(prompts))]
+
+
+def test_slim_schedule_keeps_what_workers_read():
+    req = Request("a", list(range(50)), SamplingParams(prompt_logprobs=2), max_tokens=4,
+                  block_size=16)
+    out = SchedulerOutput(scheduled=[ScheduledRequest.make(req, 20, 16, [3, 4])],
+                          total_num_scheduled_tokens=20, finished_req_ids={"x"})
+    slim = slim_scheduler_output(out).scheduled[0]
+    assert (slim.token_ids, slim.num_computed_tokens, slim.num_new_tokens, slim.block_ids,
+            slim.samples) == (list(range(16, 36)), 16, 20, [3, 4], False)
+    assert (slim.request.request_id, slim.request.num_prompt_tokens,
+            slim.request.sampling_params.prompt_logprobs) == ("a", 50, 2)
+    assert not hasattr(slim.request, "all_token_ids")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
+def test_tp2_matches_transformers_and_single_rank(tmp_path_factory):
+    path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
+    import transformers
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    prompts = random_prompts(4, 3, 40, seed=6)
+    common = dict(model=str(path), skip_tokenizer_init=True, cpu_kvcache_space=0.01,
+                  max_num_batched_tokens=32)
+    tp = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **common))
+    try:
+        assert isinstance(tp.executor, MultiprocExecutor)
+        greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        outs = run(tp, prompts, greedy)
+        for prompt, out in zip(prompts, outs):
+            assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 6)
+        detailed = SamplingParams(temperature=0.7, seed=3, max_tokens=5, ignore_eos=True,
+                                  logprobs=2, prompt_logprobs=1)
+        tp_out = run(tp, prompts[:2], detailed)
+    finally:
+        tp.shutdown()
+    single = LLMEngine.from_engine_args(EngineArgs(**common))
+    one_out = run(single, prompts[:2], detailed)
+    for a, b in zip(tp_out, one_out):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.keys() == y.keys()
+            assert all(x[k].logprob == pytest.approx(y[k].logprob, abs=1e-4) for k in x)
+        assert [p and set(p) for p in a.prompt_logprobs] == [p and set(p) for p in b.prompt_logprobs]
+    with pytest.raises(RuntimeError, match="shut down"):
+        tp.executor.execute_model(SchedulerOutput())

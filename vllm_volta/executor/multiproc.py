@@ -1,0 +1,160 @@
+"""MultiprocExecutor: tensor parallelism with one worker process per device.
+
+Rank 0 (the driver) runs in this process; ranks 1..N-1 are spawned processes that receive
+each call over a pipe. Every rank holds 1/N of every layer (model_executor layers'
+tensor-parallel sharding) and the ranks meet in torch.distributed collectives inside the
+forward pass (NCCL on GPUs, gloo on CPUs). Only the driver samples; workers receive a slim
+copy of each step's schedule (the tokens to run, positions, block tables).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vllm_volta.config import VllmConfig
+from vllm_volta.core.scheduler import SchedulerOutput
+from vllm_volta.executor.abstract import Executor
+from vllm_volta.logger import init_logger
+from vllm_volta.worker.model_runner import ModelRunnerOutput
+from vllm_volta.worker.worker import Worker
+
+logger = init_logger(__name__)
+
+_READY_TIMEOUT_S = 600.0  # model loading on every rank
+
+
+@dataclass
+class _PromptLogprobsOnly:
+    prompt_logprobs: int | None
+
+
+@dataclass
+class _RemoteRequest:
+    """What a non-driver rank reads of a request (it runs the model, never samples)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    sampling_params: _PromptLogprobsOnly
+
+
+def slim_scheduler_output(out: SchedulerOutput) -> SchedulerOutput:
+    """The step as a worker rank needs it: no token histories, params or block hashes."""
+    scheduled = [replace(s, request=_RemoteRequest(
+        s.request.request_id, s.request.num_prompt_tokens,
+        _PromptLogprobsOnly(s.request.sampling_params.prompt_logprobs)))
+        for s in out.scheduled]
+    return SchedulerOutput(scheduled=scheduled,
+                           total_num_scheduled_tokens=out.total_num_scheduled_tokens,
+                           finished_req_ids=set(out.finished_req_ids))
+
+
+def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_method: str,
+                 conn: Any) -> None:
+    """Entry point of a spawned rank: build the worker, then serve calls until shutdown."""
+    try:
+        worker = Worker(vllm_config, rank, world_size, init_method)
+        worker.load_model()
+    except BaseException as e:  # report, so the driver fails with the reason, not a hang
+        conn.send(("error", f"rank {rank} failed to start: {type(e).__name__}: {e}"))
+        raise
+    conn.send(("ok", None))
+    while True:
+        method, args = pickle.loads(conn.recv_bytes())
+        if method == "shutdown":
+            worker.shutdown()
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(worker, method)(*args)))
+        except BaseException as e:
+            conn.send(("error", f"rank {rank}: {method} failed: {type(e).__name__}: {e}"))
+
+
+def _terminate(processes: list, tmpdir: str) -> None:
+    for proc in processes:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class MultiprocExecutor(Executor):
+    def _init_executor(self) -> None:
+        world_size = self.vllm_config.parallel_config.world_size
+        self._tmpdir = tempfile.mkdtemp(prefix="vllm_volta_dist_")
+        init_method = (Path(self._tmpdir) / "rendezvous").as_uri()
+        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        self._conns, self._procs = [], []
+        for rank in range(1, world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, name=f"vllm-volta-rank{rank}", daemon=True,
+                               args=(self.vllm_config, rank, world_size, init_method, child))
+            proc.start()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._finalizer = weakref.finalize(self, _terminate, self._procs, self._tmpdir)
+        logger.info("Tensor parallel: %d ranks (driver + %d worker processes)", world_size,
+                    world_size - 1)
+        self.worker: Worker | None = Worker(self.vllm_config, 0, world_size, init_method)
+        self.worker.load_model()
+        self._collect(timeout=_READY_TIMEOUT_S)
+
+    def _collect(self, timeout: float | None = None) -> list[Any]:
+        results, errors = [], []
+        for conn, proc in zip(self._conns, self._procs):
+            if not conn.poll(timeout):
+                errors.append(f"{proc.name} did not answer (alive: {proc.is_alive()})")
+                continue
+            status, value = conn.recv()
+            (results if status == "ok" else errors).append(value)
+        if errors:
+            raise RuntimeError("tensor-parallel worker failure: " + "; ".join(errors))
+        return results
+
+    def _run_all(self, method: str, *args: Any) -> Any:
+        """Call `method` on every rank (workers first: the ranks meet in collectives)."""
+        if self.worker is None:
+            raise RuntimeError("the engine has been shut down; build a new one")
+        message = pickle.dumps((method, args))
+        for conn in self._conns:
+            conn.send_bytes(message)
+        result = getattr(self.worker, method)(*args)
+        self._collect()
+        return result
+
+    def determine_num_available_blocks(self) -> int:
+        return self._run_all("determine_num_available_blocks")
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self._run_all("initialize_cache", num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        if self.worker is None:
+            raise RuntimeError("the engine has been shut down; build a new one")
+        message = pickle.dumps(("execute_model", (slim_scheduler_output(scheduler_output),)))
+        for conn in self._conns:
+            conn.send_bytes(message)
+        output = self.worker.execute_model(scheduler_output)
+        self._collect()
+        return output
+
+    def shutdown(self) -> None:
+        if self.worker is None:
+            return
+        message = pickle.dumps(("shutdown", ()))
+        for conn, proc in zip(self._conns, self._procs):
+            if proc.is_alive():
+                conn.send_bytes(message)
+        try:
+            self._collect(timeout=30)
+        except RuntimeError as e:
+            logger.warning("%s", e)
+        self.worker.shutdown()
+        self.worker = None
+        self._finalizer()
