@@ -36,13 +36,25 @@ def test_slim_schedule_keeps_what_workers_read():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
-def test_tp2_matches_transformers_and_single_rank(tmp_path_factory):
+def test_tp2_on_cpu(tmp_path_factory):
+    check_tp2(tmp_path_factory, cpu_kvcache_space=0.01)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_tp2_on_gpus(tmp_path_factory):
+    check_tp2(tmp_path_factory, dtype="float32", gpu_memory_utilization=0.2)
+
+
+def check_tp2(tmp_path_factory, **engine_kwargs):
+    """2 ranks reproduce transformers' greedy tokens, and the 1-rank engine's seeded samples,
+    logprobs and prompt logprobs."""
     path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
     import transformers
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
     prompts = random_prompts(4, 3, 40, seed=6)
-    common = dict(model=str(path), skip_tokenizer_init=True, cpu_kvcache_space=0.01,
-                  max_num_batched_tokens=32)
+    common = dict(model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=32,
+                  **engine_kwargs)
     tp = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **common))
     try:
         assert isinstance(tp.executor, MultiprocExecutor)
