@@ -45,8 +45,12 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         executor_class = executor_class or Executor.get_class(vllm_config)
         self.executor = executor_class(vllm_config)
-        num_blocks = self.executor.determine_num_available_blocks()
-        self.executor.initialize_cache(num_blocks)
+        try:
+            num_blocks = self.executor.determine_num_available_blocks()
+            self.executor.initialize_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()  # free the device and any worker processes
+            raise
         cc = vllm_config.cache_config
         self.scheduler = Scheduler(vllm_config.scheduler_config, num_blocks, cc.block_size,
                                    cc.enable_prefix_caching)

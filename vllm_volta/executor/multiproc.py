@@ -101,9 +101,17 @@ class MultiprocExecutor(Executor):
         self._finalizer = weakref.finalize(self, _terminate, self._procs, self._tmpdir)
         logger.info("Tensor parallel: %d ranks (driver + %d worker processes)", world_size,
                     world_size - 1)
-        self.worker: Worker | None = Worker(self.vllm_config, 0, world_size, init_method)
-        self.worker.load_model()
-        self._collect(timeout=_READY_TIMEOUT_S)
+        self.worker: Worker | None = None
+        try:
+            self.worker = Worker(self.vllm_config, 0, world_size, init_method)
+            self.worker.load_model()
+            self._collect(timeout=_READY_TIMEOUT_S)
+        except BaseException:
+            if self.worker is not None:
+                self.worker.shutdown()
+                self.worker = None
+            self._finalizer()  # stop the worker processes
+            raise
 
     def _collect(self, timeout: float | None = None) -> list[Any]:
         results, errors = [], []
