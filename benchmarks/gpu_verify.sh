@@ -35,11 +35,12 @@ do_build() {
 
 do_tests() {
   note "test suite on the GPU, native mode"
-  python -m pytest -q -m "not default_model" test_v100 >"$out/tests_native.log" 2>&1
+  timeout "${TEST_TIMEOUT:-600}" python -m pytest -q -m "not default_model" --durations=20 test_v100 \
+    >"$out/tests_native.log" 2>&1
   tail -4 "$out/tests_native.log"
   note "test suite on the GPU, Volta mode (compile checks already ran in native mode)"
-  in_volta python -m pytest -q -m "not default_model" --ignore=test_v100/csrc/test_compile.py \
-    test_v100 >"$out/tests_volta.log" 2>&1
+  in_volta timeout "${TEST_TIMEOUT:-600}" python -m pytest -q -m "not default_model" --durations=20 \
+    --ignore=test_v100/csrc/test_compile.py test_v100 >"$out/tests_volta.log" 2>&1
   tail -4 "$out/tests_volta.log"
 }
 
