@@ -16,7 +16,7 @@ void launch_act_and_mul(const char* op, const char* out_arg, const Tensor& out, 
   check_cuda(op, "input", input);
   const int64_t d = rows.hidden / 2;
   if (rows.rows == 0 || d == 0) return;
-  STD_TORCH_CHECK(rows.hidden <= std::numeric_limits<int>::max() && rows.rows <= std::numeric_limits<int>::max(),
+  VLLM_VOLTA_CHECK(rows.hidden <= std::numeric_limits<int>::max() && rows.rows <= std::numeric_limits<int>::max(),
                   op, ": 'input' is too large (rows and hidden size must fit in int32)");
   torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   const cudaStream_t stream = current_stream(input);

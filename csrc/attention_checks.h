@@ -18,7 +18,7 @@ struct KVCacheLayout {
 
 inline KVCacheLayout check_kv_cache(const char* op, const Tensor& kv_cache) {
   check_float_dtype(op, "kv_cache", kv_cache);
-  STD_TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2, op,
+  VLLM_VOLTA_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2, op,
                   ": 'kv_cache' must be [2, num_blocks, block_size, num_kv_heads, head_size]");
   check_contiguous(op, "kv_cache", kv_cache);
   return {kv_cache.size(1), kv_cache.size(2), kv_cache.size(3), kv_cache.size(4)};
@@ -26,9 +26,9 @@ inline KVCacheLayout check_kv_cache(const char* op, const Tensor& kv_cache) {
 
 inline void check_index_tensor(const char* op, const char* arg, const Tensor& t, ScalarType dtype,
                                const char* dtype_str, int64_t dim, const Tensor& ref) {
-  STD_TORCH_CHECK(t.scalar_type() == dtype, op, ": '", arg, "' must be ", dtype_str);
-  STD_TORCH_CHECK(t.dim() == dim, op, ": '", arg, "' must have ", dim, " dimension(s), got ", t.dim());
-  STD_TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": '", arg, "' must be contiguous in its last dimension");
+  VLLM_VOLTA_CHECK(t.scalar_type() == dtype, op, ": '", arg, "' must be ", dtype_str);
+  VLLM_VOLTA_CHECK(t.dim() == dim, op, ": '", arg, "' must have ", dim, " dimension(s), got ", t.dim());
+  VLLM_VOLTA_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": '", arg, "' must be contiguous in its last dimension");
   check_same_device(op, arg, t, ref, "kv_cache");
 }
 
@@ -41,12 +41,12 @@ inline int64_t check_token_rows(const char* op, const char* arg, const Tensor& t
   const int64_t row = cache.num_kv_heads * cache.head_size;
   const bool shape_ok = (t.dim() == 3 && t.size(1) == cache.num_kv_heads && t.size(2) == cache.head_size) ||
                         (t.dim() == 2 && t.size(1) == row);
-  STD_TORCH_CHECK(shape_ok, op, ": '", arg, "' must be [num_tokens, ", cache.num_kv_heads, ", ", cache.head_size,
+  VLLM_VOLTA_CHECK(shape_ok, op, ": '", arg, "' must be [num_tokens, ", cache.num_kv_heads, ", ", cache.head_size,
                   "] or [num_tokens, ", row, "] to match 'kv_cache'");
-  STD_TORCH_CHECK(t.size(0) >= num_tokens, op, ": '", arg, "' has ", t.size(0),
+  VLLM_VOLTA_CHECK(t.size(0) >= num_tokens, op, ": '", arg, "' has ", t.size(0),
                   " tokens but 'slot_mapping' has ", num_tokens);
   const bool inner_contiguous = t.dim() == 3 ? (t.stride(2) == 1 && t.stride(1) == cache.head_size) : t.stride(1) == 1;
-  STD_TORCH_CHECK(inner_contiguous, op, ": '", arg, "' must be contiguous within each token");
+  VLLM_VOLTA_CHECK(inner_contiguous, op, ": '", arg, "' must be contiguous within each token");
   return t.size(0) > 1 ? t.stride(0) : row;
 }
 
@@ -82,35 +82,35 @@ inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& 
   const KVCacheLayout cache = check_kv_cache(op, kv_cache);
   check_same_dtype(op, "query", query, kv_cache, "kv_cache");
   check_same_device(op, "query", query, kv_cache, "kv_cache");
-  STD_TORCH_CHECK(query.dim() == 3 && query.size(2) == cache.head_size, op,
+  VLLM_VOLTA_CHECK(query.dim() == 3 && query.size(2) == cache.head_size, op,
                   ": 'query' must be [num_seqs, num_heads, ", cache.head_size, "]");
-  STD_TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == cache.head_size, op,
+  VLLM_VOLTA_CHECK(query.stride(2) == 1 && query.stride(1) == cache.head_size, op,
                   ": 'query' must be contiguous within each sequence (heads packed)");
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
-  STD_TORCH_CHECK(num_heads > 0 && num_heads % cache.num_kv_heads == 0, op, ": num_heads (", num_heads,
+  VLLM_VOLTA_CHECK(num_heads > 0 && num_heads % cache.num_kv_heads == 0, op, ": num_heads (", num_heads,
                   ") must be a positive multiple of the cache's num_kv_heads (", cache.num_kv_heads, ")");
-  STD_TORCH_CHECK(paged_attention_supports_head_size(cache.head_size), op, ": head_size ", cache.head_size,
+  VLLM_VOLTA_CHECK(paged_attention_supports_head_size(cache.head_size), op, ": head_size ", cache.head_size,
                   " is not supported (supported: 64, 96, 128, 256)");
   check_same_dtype(op, "out", out, query, "query");
   check_same_device(op, "out", out, query, "query");
   check_same_shape(op, "out", out, query, "query");
   check_contiguous(op, "out", out);
   check_index_tensor(op, "block_table", block_table, ScalarType::Int, "int32", 2, kv_cache);
-  STD_TORCH_CHECK(block_table.size(0) == num_seqs, op, ": 'block_table' must have one row per sequence (",
+  VLLM_VOLTA_CHECK(block_table.size(0) == num_seqs, op, ": 'block_table' must have one row per sequence (",
                   num_seqs, "), got ", block_table.size(0));
   check_index_tensor(op, "seq_lens", seq_lens, ScalarType::Int, "int32", 1, kv_cache);
-  STD_TORCH_CHECK(seq_lens.size(0) == num_seqs, op, ": 'seq_lens' must have ", num_seqs, " entries, got ",
+  VLLM_VOLTA_CHECK(seq_lens.size(0) == num_seqs, op, ": 'seq_lens' must have ", num_seqs, " entries, got ",
                   seq_lens.size(0));
-  STD_TORCH_CHECK(scale > 0.0, op, ": 'scale' must be > 0, got ", scale);
-  STD_TORCH_CHECK(max_seq_len >= 0 && max_seq_len <= block_table.size(1) * cache.block_size, op,
+  VLLM_VOLTA_CHECK(scale > 0.0, op, ": 'scale' must be > 0, got ", scale);
+  VLLM_VOLTA_CHECK(max_seq_len >= 0 && max_seq_len <= block_table.size(1) * cache.block_size, op,
                   ": 'max_seq_len' must be in [0, ", block_table.size(1) * cache.block_size,
                   "] (block_table columns x block_size), got ", max_seq_len);
-  STD_TORCH_CHECK(partition_size >= 16 && partition_size <= 1024 && partition_size % 16 == 0, op,
+  VLLM_VOLTA_CHECK(partition_size >= 16 && partition_size <= 1024 && partition_size % 16 == 0, op,
                   ": 'partition_size' must be a multiple of 16 in [16, 1024], got ", partition_size);
-  STD_TORCH_CHECK(num_threads == 64 || num_threads == 128 || num_threads == 256 || num_threads == 512, op,
+  VLLM_VOLTA_CHECK(num_threads == 64 || num_threads == 128 || num_threads == 256 || num_threads == 512, op,
                   ": 'num_threads' must be 64, 128, 256 or 512, got ", num_threads);
   const int64_t num_partitions = max_seq_len <= partition_size ? 1 : (max_seq_len + partition_size - 1) / partition_size;
-  STD_TORCH_CHECK(num_partitions <= 65535, op, ": max_seq_len / partition_size exceeds 65535 partitions");
+  VLLM_VOLTA_CHECK(num_partitions <= 65535, op, ": max_seq_len / partition_size exceeds 65535 partitions");
   return {cache, num_seqs, num_heads, num_partitions};
 }
 

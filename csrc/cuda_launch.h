@@ -23,7 +23,7 @@
 namespace vllm_volta {
 
 inline void check_cuda(const char* op, const char* arg, const Tensor& t) {
-  STD_TORCH_CHECK(t.is_cuda(), op, ": '", arg, "' must be a CUDA tensor");
+  VLLM_VOLTA_CHECK(t.is_cuda(), op, ": '", arg, "' must be a CUDA tensor");
 }
 
 // The stream PyTorch is currently using on the tensor's device (CUDA-graph capture safe).
@@ -35,7 +35,7 @@ inline cudaStream_t current_stream(const Tensor& t) {
 
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();
-  STD_TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+  VLLM_VOLTA_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
 // Compute capability of `device` as major * 10 + minor.
@@ -60,17 +60,17 @@ void dispatch_float_type(const char* op, const Tensor& t, F&& f) {
     case ScalarType::Float: f(TypeTag<float>{}); return;
     case ScalarType::Half: f(TypeTag<__half>{}); return;
     case ScalarType::BFloat16: {
-      STD_TORCH_CHECK(VLLM_VOLTA_MAX_CUDA_ARCH >= 80, op,
+      VLLM_VOLTA_CHECK(VLLM_VOLTA_MAX_CUDA_ARCH >= 80, op,
                       ": bfloat16 kernels are not built (every arch in TORCH_CUDA_ARCH_LIST is below 8.0); "
                       "use float16");
       const int sm = device_sm(t.get_device_index());
-      STD_TORCH_CHECK(sm >= 80, op, ": bfloat16 needs a GPU with compute capability >= 8.0 (this one is ",
+      VLLM_VOLTA_CHECK(sm >= 80, op, ": bfloat16 needs a GPU with compute capability >= 8.0 (this one is ",
                       sm / 10, ".", sm % 10, "); use float16");
       f(TypeTag<__nv_bfloat16>{});
       return;
     }
     default:
-      STD_TORCH_CHECK(false, op, ": unsupported dtype ", dtype_name(t.scalar_type()));
+      VLLM_VOLTA_CHECK(false, op, ": unsupported dtype ", dtype_name(t.scalar_type()));
   }
 }
 

@@ -10,12 +10,12 @@ namespace vllm_volta {
 
 namespace {
 
-// Threads per row: a power of two in [32, 1024] so each thread holds <= kRmsNormCache
-// vectors; short rows share a 256-thread block (no block-wide barrier for a warp per row).
+// One row per block, ~2 vectors per thread (all in the register cache). Measured on an
+// H200 at 4096 x 4096 fp16 this beat packing several rows (warp-sized groups) per block
+// with more vectors per thread (72% vs 62% of copy bandwidth).
 dim3 norm_block(int64_t num_vecs) {
-  int threads = 32;
-  while (threads < 1024 && threads * kRmsNormCache < num_vecs) threads *= 2;
-  return dim3(threads, std::max(1, 256 / threads));
+  const int64_t threads = std::min<int64_t>(1024, std::max<int64_t>(64, (num_vecs + 1) / 2));
+  return dim3(static_cast<unsigned>(round_up(static_cast<int>(threads), 32)), 1);
 }
 
 // ADD = fused_add_rms_norm: `out` is `in` (in place, strided rows), `residual` contiguous.
@@ -24,7 +24,7 @@ void launch_rms_norm(const char* op, const Tensor& out, int64_t out_stride, cons
                      const RowLayout& rows, const Tensor* residual, const Tensor& weight, double epsilon) {
   check_cuda(op, "input", in);
   if (rows.rows == 0 || rows.hidden == 0) return;
-  STD_TORCH_CHECK(rows.hidden <= std::numeric_limits<int>::max() && rows.rows <= std::numeric_limits<int>::max(),
+  VLLM_VOLTA_CHECK(rows.hidden <= std::numeric_limits<int>::max() && rows.rows <= std::numeric_limits<int>::max(),
                   op, ": 'input' is too large (rows and hidden size must fit in int32)");
   torch::stable::accelerator::DeviceGuard guard(in.get_device_index());
   const cudaStream_t stream = current_stream(in);

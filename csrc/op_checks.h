@@ -5,9 +5,41 @@
 
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
-#include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace vllm_volta {
+
+namespace detail {
+inline void append(std::string& msg, const char* part) { msg += part; }
+inline void append(std::string& msg, const std::string& part) { msg += part; }
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+inline void append(std::string& msg, T part) {
+  msg += std::to_string(part);
+}
+
+// Messages are concatenated without iostreams: on an H200 image the module's ostream
+// number formatting crashed (a static libstdc++ copy inside the module), taking the error
+// path down with it. std::to_string goes through vsnprintf instead.
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::string msg;
+  (append(msg, parts), ...);
+  throw std::runtime_error(msg);
+}
+}  // namespace detail
+
+}  // namespace vllm_volta
+
+// Like VLLM_VOLTA_CHECK: throws std::runtime_error (Python RuntimeError) with the parts
+// concatenated; callers start the message with "<op>: '<argument>' ...".
+#define VLLM_VOLTA_CHECK(cond, ...)                              \
+  do {                                                           \
+    if (!(cond)) ::vllm_volta::detail::fail(__VA_ARGS__);        \
+  } while (0)
 
 namespace vllm_volta {
 
@@ -32,20 +64,20 @@ inline const char* dtype_name(ScalarType t) {
 
 inline void check_float_dtype(const char* op, const char* arg, const Tensor& t) {
   const ScalarType s = t.scalar_type();
-  STD_TORCH_CHECK(s == ScalarType::Float || s == ScalarType::Half || s == ScalarType::BFloat16,
+  VLLM_VOLTA_CHECK(s == ScalarType::Float || s == ScalarType::Half || s == ScalarType::BFloat16,
                   op, ": '", arg, "' must be float32, float16 or bfloat16, got ", dtype_name(s));
 }
 
 inline void check_same_dtype(const char* op, const char* arg, const Tensor& t, const Tensor& ref,
                              const char* ref_arg) {
-  STD_TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": '", arg, "' has dtype ",
+  VLLM_VOLTA_CHECK(t.scalar_type() == ref.scalar_type(), op, ": '", arg, "' has dtype ",
                   dtype_name(t.scalar_type()), " but '", ref_arg, "' has ",
                   dtype_name(ref.scalar_type()), "; they must match");
 }
 
 inline void check_same_device(const char* op, const char* arg, const Tensor& t, const Tensor& ref,
                               const char* ref_arg) {
-  STD_TORCH_CHECK(t.is_cuda() == ref.is_cuda() && t.is_cpu() == ref.is_cpu() &&
+  VLLM_VOLTA_CHECK(t.is_cuda() == ref.is_cuda() && t.is_cpu() == ref.is_cpu() &&
                       t.get_device_index() == ref.get_device_index(),
                   op, ": '", arg, "' and '", ref_arg, "' must be on the same device");
 }
@@ -54,19 +86,19 @@ inline void check_same_shape(const char* op, const char* arg, const Tensor& t, c
                              const char* ref_arg) {
   bool same = t.dim() == ref.dim();
   for (int64_t d = 0; same && d < t.dim(); ++d) same = t.size(d) == ref.size(d);
-  STD_TORCH_CHECK(same, op, ": '", arg, "' must have the same shape as '", ref_arg, "'");
+  VLLM_VOLTA_CHECK(same, op, ": '", arg, "' must have the same shape as '", ref_arg, "'");
 }
 
 inline void check_contiguous(const char* op, const char* arg, const Tensor& t) {
-  STD_TORCH_CHECK(t.is_contiguous(), op, ": '", arg, "' must be contiguous");
+  VLLM_VOLTA_CHECK(t.is_contiguous(), op, ": '", arg, "' must be contiguous");
 }
 
 // Rows of `t`: the last dim must be contiguous and all leading dims must collapse into
 // one uniform row stride (e.g. a slice x[:, :hidden] of a wider buffer is fine).
 inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t) {
-  STD_TORCH_CHECK(t.dim() >= 1, op, ": '", arg, "' must have at least 1 dimension");
+  VLLM_VOLTA_CHECK(t.dim() >= 1, op, ": '", arg, "' must have at least 1 dimension");
   const int64_t hidden = t.size(-1);
-  STD_TORCH_CHECK(hidden <= 1 || t.stride(-1) == 1, op, ": '", arg,
+  VLLM_VOLTA_CHECK(hidden <= 1 || t.stride(-1) == 1, op, ": '", arg,
                   "' must be contiguous in its last dimension (stride ", t.stride(-1), ")");
   RowLayout layout{1, hidden, hidden};
   int64_t expected = -1;  // stride the next outer non-trivial dim must have
@@ -76,7 +108,7 @@ inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t) {
     if (expected < 0) {
       layout.row_stride = t.stride(d);
     } else {
-      STD_TORCH_CHECK(t.stride(d) == expected, op, ": '", arg,
+      VLLM_VOLTA_CHECK(t.stride(d) == expected, op, ": '", arg,
                       "' rows must be evenly strided (its leading dims cannot be flattened)");
     }
     layout.rows *= size;
@@ -86,7 +118,7 @@ inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t) {
 }
 
 inline void check_epsilon(const char* op, double epsilon) {
-  STD_TORCH_CHECK(epsilon >= 0.0, op, ": 'epsilon' must be >= 0, got ", epsilon);
+  VLLM_VOLTA_CHECK(epsilon >= 0.0, op, ": 'epsilon' must be >= 0, got ", epsilon);
 }
 
 // rms_norm(result, input, weight, eps) / fused_add_rms_norm(input, residual, weight, eps):
@@ -102,9 +134,9 @@ inline RowLayout check_norm_args(const char* op, const char* out_arg, const Tens
   check_same_shape(op, out_arg, out, input, in_arg);
   check_contiguous(op, out_arg, out);
   const RowLayout layout = row_layout(op, in_arg, input);
-  STD_TORCH_CHECK(weight.dim() == 1 && weight.size(0) == layout.hidden, op,
+  VLLM_VOLTA_CHECK(weight.dim() == 1 && weight.size(0) == layout.hidden, op,
                   ": 'weight' must be 1-D of size hidden_size=", layout.hidden);
-  STD_TORCH_CHECK(weight.is_contiguous(), op, ": 'weight' must be contiguous");
+  VLLM_VOLTA_CHECK(weight.is_contiguous(), op, ": 'weight' must be contiguous");
   check_epsilon(op, epsilon);
   return layout;
 }
@@ -117,11 +149,11 @@ inline RowLayout check_act_and_mul_args(const char* op, const char* out_arg, con
   check_same_dtype(op, out_arg, out, input, "input");
   check_same_device(op, out_arg, out, input, "input");
   const RowLayout layout = row_layout(op, "input", input);
-  STD_TORCH_CHECK(layout.hidden % 2 == 0, op, ": last dim of 'input' must be even (2 * d), got ",
+  VLLM_VOLTA_CHECK(layout.hidden % 2 == 0, op, ": last dim of 'input' must be even (2 * d), got ",
                   layout.hidden);
   bool shape_ok = out.dim() == input.dim() && out.size(-1) == layout.hidden / 2;
   for (int64_t d = 0; shape_ok && d + 1 < input.dim(); ++d) shape_ok = out.size(d) == input.size(d);
-  STD_TORCH_CHECK(shape_ok, op, ": '", out_arg, "' must have the shape of 'input' with last dim ",
+  VLLM_VOLTA_CHECK(shape_ok, op, ": '", out_arg, "' must have the shape of 'input' with last dim ",
                   layout.hidden / 2);
   check_contiguous(op, out_arg, out);
   return layout;

@@ -14,7 +14,7 @@
 
 namespace vllm_volta {
 
-constexpr int kRmsNormCache = 8;
+constexpr int kRmsNormCache = 4;
 
 template <typename T, int VEC>
 __device__ __forceinline__ float sum_squares(const Vec<T, VEC>& x) {

@@ -33,3 +33,22 @@ def test_torch_includes_are_stable_abi_only():
     offenders = {str(p.relative_to(CSRC)): [i for i in incs if not i.startswith(allowed)]
                  for p, incs in torch_includes().items()}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_libstdcxx_is_the_shared_one():
+    """No static libstdc++ copy in the module: its private iostream/locale state crashed
+    error-message formatting on a GPU image (CMakeLists.txt links -lstdc++ explicitly)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    import vllm_volta._C as ext
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("binutils nm not installed")
+    defined = subprocess.run([nm, "-C", "--defined-only", ext.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    leaked = [line for line in defined.splitlines() if re.search(r"std::(basic_ostream|locale::|ios_base::)", line)]
+    assert leaked == [], leaked[:5]
