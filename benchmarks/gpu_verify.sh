@@ -27,7 +27,7 @@ do_build() {
   (cd "$volta" && TORCH_CUDA_ARCH_LIST="7.5+PTX" python setup.py build_ext --inplace) \
     >"$out/build_volta.log" 2>&1 &
   local vpid=$!
-  pip install --no-build-isolation --no-deps -e . >"$out/build_native.log" 2>&1 \
+  python -m pip install --no-build-isolation --no-deps -e . >"$out/build_native.log" 2>&1 \
     || { note "native build FAILED"; tail -30 "$out/build_native.log"; }
   wait $vpid || { note "volta build FAILED"; tail -30 "$out/build_volta.log"; }
   grep -h "vllm-volta:" "$out/build_native.log" "$out/build_volta.log" | sort -u
