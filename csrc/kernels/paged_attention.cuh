@@ -107,19 +107,25 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
         for (int j = 0; j < R::kVec; ++j) q[h][c][j] = vi < R::kVecs ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
       }
     }
-    // Trip counts are uniform across the block (shuffles below need whole warps).
-    for (int base = 0; base < n; base += num_groups * U) {
-      V k[U][R::kPerLane];
+    // This lane's slices of the rows of tokens base + u * num_groups + group (u < U) of one
+    // cache half: U independent 16-byte loads in flight per lane.
+    auto load_rows = [&](const T* half_base, V (&rows)[U][R::kPerLane], int base) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * num_groups + group;
         if (i < n) {
-          const V* krow = reinterpret_cast<const V*>(k_base + token_offset(i));
+          const V* row = reinterpret_cast<const V*>(half_base + token_offset(i));
 #pragma unroll
           for (int c = 0; c < R::kPerLane; ++c)
-            if (lane + c * R::kLanes < R::kVecs) k[u][c] = krow[lane + c * R::kLanes];
+            if (lane + c * R::kLanes < R::kVecs) rows[u][c] = row[lane + c * R::kLanes];
         }
       }
+    };
+
+    // Trip counts are uniform across the block (shuffles below need whole warps).
+    for (int base = 0; base < n; base += num_groups * U) {
+      V k[U][R::kPerLane];
+      load_rows(k_base, k, base);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * num_groups + group;
@@ -180,16 +186,7 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
         for (int j = 0; j < R::kVec; ++j) acc[h][c][j] = 0.f;
     for (int base = 0; base < n; base += num_groups * U) {
       V v[U][R::kPerLane];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int i = base + u * num_groups + group;
-        if (i < n) {
-          const V* vrow = reinterpret_cast<const V*>(v_base + token_offset(i));
-#pragma unroll
-          for (int c = 0; c < R::kPerLane; ++c)
-            if (lane + c * R::kLanes < R::kVecs) v[u][c] = vrow[lane + c * R::kLanes];
-        }
-      }
+      load_rows(v_base, v, base);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * num_groups + group;
