@@ -34,7 +34,7 @@ template <typename... Parts>
 
 }  // namespace vllm_volta
 
-// Like VLLM_VOLTA_CHECK: throws std::runtime_error (Python RuntimeError) with the parts
+// Like STD_TORCH_CHECK: throws std::runtime_error (Python RuntimeError) with the parts
 // concatenated; callers start the message with "<op>: '<argument>' ...".
 #define VLLM_VOLTA_CHECK(cond, ...)                              \
   do {                                                           \
