@@ -286,11 +286,11 @@ class VllmConfig:
         from vllm_volta.platforms import current_platform
         current_platform.check_and_update_config(self)
         tp = self.parallel_config.tensor_parallel_size
+        heads = self.model_config.get_num_attention_heads()
+        if heads % tp:  # a property of the model: reported first, on any machine
+            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
+                             f"{heads} attention heads")
         if self.device_config.device == "cuda" and tp > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs, but "
                              f"{torch.cuda.device_count()} are visible; allowed range is "
                              f"[1, {torch.cuda.device_count()}]")
-        heads = self.model_config.get_num_attention_heads()
-        if heads % tp:
-            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
-                             f"{heads} attention heads")

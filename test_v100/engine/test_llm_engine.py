@@ -28,6 +28,7 @@ def tiny(tmp_path_factory):
 def make_engine(path, **kwargs) -> LLMEngine:
     kwargs.setdefault("cpu_kvcache_space", 0.01)
     kwargs.setdefault("skip_tokenizer_init", True)
+    kwargs.setdefault("dtype", "float32")  # the references are fp32 ("auto" is fp16 on a GPU)
     return LLMEngine.from_engine_args(EngineArgs(model=str(path), **kwargs))
 
 

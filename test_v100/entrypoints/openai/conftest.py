@@ -14,7 +14,7 @@ MAX_NUM_SEQS = 16
 # 64-request concurrency test, so that test also exercises the scheduler's waiting queue.
 SERVER_ARGS = ["--served-model-name", MODEL_NAME, "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", str(MAX_NUM_SEQS), "--cpu-kvcache-space", "0.01",
-               "--seed", "0"]
+               "--seed", "0", "--dtype", "float32"]  # the references are fp32 (GPU "auto" is fp16)
 
 
 @pytest.fixture(scope="session")
