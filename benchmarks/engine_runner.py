@@ -53,9 +53,9 @@ class EngineRunner:
             request_ids.append(request_id)
         lengths: dict[str, int] = {}
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    lengths[out.request_id] = len(out.outputs[0].token_ids)
+            # Only finished outputs are read: skip building the others every step.
+            for out in self.engine.step(finished_only=True):
+                lengths[out.request_id] = len(out.outputs[0].token_ids)
         return [lengths[r] for r in request_ids]
 
     def close(self) -> None:

@@ -101,6 +101,15 @@ class KVCacheManager:
         """
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
+        req_blocks = self.req_to_blocks.get(request.request_id)
+        if req_blocks is not None and not new_computed_blocks:
+            # Fast path (most decode steps): the request's last block still has room.
+            total_tokens = request.num_computed_tokens + num_new_tokens
+            if total_tokens <= len(req_blocks) * self.block_size:
+                if (self.enable_caching and total_tokens // self.block_size
+                        > self._num_cached_blocks.get(request.request_id, 0)):
+                    self._cache_full_blocks(request, req_blocks, total_tokens)
+                return []
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens

@@ -105,7 +105,7 @@ class ModelRunner:
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return output
-        inp = prepare_inputs(scheduled, self.block_size, self.device)
+        inp = self._prepare_inputs(scheduled)
         hidden = self._forward(inp)
         self._prompt_logprobs(scheduled, inp, hidden, output)
         if inp.sample_rows:
@@ -113,6 +113,9 @@ class ModelRunner:
             if self.is_driver:
                 self._sample(scheduled, inp.sample_rows, logits, output)
         return output
+
+    def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
+        return prepare_inputs(scheduled, self.block_size, self.device)
 
     def _forward(self, inp: ModelInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
@@ -153,10 +156,12 @@ class ModelRunner:
                          hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
         for i, s in enumerate(scheduled):
             num_logprobs = s.request.sampling_params.prompt_logprobs
+            if num_logprobs is None:
+                continue
             last = s.request.num_prompt_tokens - 1  # positions that predict a prompt token
             start = s.num_computed_tokens
             end = min(start + s.num_new_tokens, last)
-            if num_logprobs is None or start >= end:
+            if start >= end:
                 continue
             row0 = int(inp.query_start_loc[i])
             logits = self.model.compute_logits(hidden[row0:row0 + end - start])
