@@ -200,14 +200,9 @@ def test_find_stop_string_respects_search_start() -> None:
 
 
 @pytest.fixture(scope="module")
-def default_model_tokenizer():
-    from vllm_volta.transformers_utils.default_model import get_default_model_path
+def default_model_tokenizer(default_model_path):
     from vllm_volta.transformers_utils.tokenizer import get_tokenizer
-    try:
-        path = get_default_model_path(allow_download=False)
-    except RuntimeError:
-        pytest.skip("default model (SmolLM2 GGUF) not installed or cached")
-    return get_tokenizer(path)
+    return get_tokenizer(default_model_path)
 
 
 def test_default_model_tokenizer(default_model_tokenizer) -> None:
