@@ -10,6 +10,7 @@ from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
 from vllm_volta.logger import init_logger
 from vllm_volta.sample.logprobs import compute_prompt_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata, make_generator
+from vllm_volta.sample.metadata_cache import SamplingMetadataCache
 from vllm_volta.sample.sampler import Sampler
 from vllm_volta.sampling_params import SamplingType
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
@@ -60,6 +61,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        self.sampling_cache = SamplingMetadataCache()
         self.graph_runner = None  # set by the worker when CUDA graphs are captured
 
     # ---- setup ------------------------------------------------------------------
@@ -99,6 +101,9 @@ class ModelRunner:
     # ---- one step ---------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        if scheduler_output.finished_req_ids:
+            # A finished id may come back as a new request with other params.
+            self.sampling_cache.clear()
         for rid in scheduler_output.finished_req_ids:
             self.generators.pop(rid, None)
         output = ModelRunnerOutput()
@@ -135,13 +140,7 @@ class ModelRunner:
     def _sample(self, scheduled: list[ScheduledRequest], rows: list[int], logits: torch.Tensor,
                 output: ModelRunnerOutput) -> None:
         reqs = [scheduled[i] for i in rows]
-        params = [s.request.sampling_params for s in reqs]
-        generators = {j: g for j, s in enumerate(reqs) if (g := self._generator_for(s))}
-        metadata = SamplingMetadata.build(
-            params,
-            output_token_ids=[s.request.output_token_ids for s in reqs],
-            prompt_token_ids=[s.request.prompt_token_ids for s in reqs],
-            generators=generators, device=self.device)
+        metadata = self._sampling_metadata(reqs)
         result = self.sampler(logits, metadata)
         sampled = result.sampled_token_ids.tolist()
         for s, token in zip(reqs, sampled):
@@ -151,6 +150,21 @@ class ModelRunner:
             for j, s in enumerate(reqs):
                 if s.request.sampling_params.logprobs is not None:
                     output.logprobs[s.req_id] = (ids[j], lps[j], ranks[j])
+
+    def _sampling_metadata(self, reqs: list[ScheduledRequest]) -> SamplingMetadata:
+        # Same requests in the same order as last step: their params did not change.
+        key = tuple([s.req_id for s in reqs])
+        metadata = self.sampling_cache.get(key)
+        if metadata is not None:
+            return metadata
+        generators = {j: g for j, s in enumerate(reqs) if (g := self._generator_for(s))}
+        metadata = SamplingMetadata.build(
+            [s.request.sampling_params for s in reqs],
+            output_token_ids=[s.request.output_token_ids for s in reqs],
+            prompt_token_ids=[s.request.prompt_token_ids for s in reqs],
+            generators=generators, device=self.device)
+        self.sampling_cache.put(key, metadata)
+        return metadata
 
     def _prompt_logprobs(self, scheduled: list[ScheduledRequest], inp: ModelInput,
                          hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
