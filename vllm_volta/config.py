@@ -38,7 +38,10 @@ def _require(cond: bool, field_name: str, allowed: str, value: Any) -> None:
 
 def _config_dtype(hf_config: Any) -> torch.dtype:
     """The checkpoint's dtype as stored in the HF config (float32 when absent)."""
-    raw = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    # The instance dict, not getattr: transformers 5 warns on every read of `torch_dtype`
+    # (its old name, still the attribute in transformers 4).
+    fields = vars(hf_config)
+    raw = fields.get("dtype") or fields.get("torch_dtype")
     if isinstance(raw, torch.dtype):
         return raw
     if isinstance(raw, str) and isinstance(getattr(torch, raw, None), torch.dtype):
