@@ -136,3 +136,28 @@ def test_engine_cuda_graphs_match_eager(tmp_path):
                                                                           use_tqdm=False)
     assert [o.outputs[0].token_ids for o in graph_out] == [
         o.outputs[0].token_ids for o in eager_out]
+
+
+def test_load_fills_static_buffers_and_padding_rows():
+    """The copies before a replay (CPU buffers here): real rows from the step, padding rows
+    reset even where an earlier, larger step left values."""
+    graphs = CudaGraphRunner(stub_runner(None, [], torch.device("cpu"), 8, 512,
+                                         max_seq_len_to_capture=64), [1, 2, 4, 8])
+    gen = torch.Generator().manual_seed(3)
+    for num in (8, 3, 5, 1, 6, 2):
+        inp = prepare_inputs(decode_batch(num, 8, gen), 8, torch.device("cpu"))
+        md = inp.attn_metadata
+        size = graphs.load(inp)
+        assert size == graphs.padded_size(num)
+        width = md.block_table.shape[1]
+        assert graphs.input_ids[:num].tolist() == inp.input_ids.tolist()
+        assert graphs.positions[:num].tolist() == inp.positions.tolist()
+        assert graphs.slot_mapping[:num].tolist() == md.slot_mapping.tolist()
+        assert graphs.seq_lens[:num].tolist() == md.seq_lens.tolist()
+        assert torch.equal(graphs.block_table[:num, :width], md.block_table)
+        pad = slice(num, size)
+        assert graphs.input_ids[pad].tolist() == [0] * (size - num)
+        assert graphs.positions[pad].tolist() == [0] * (size - num)
+        assert graphs.slot_mapping[pad].tolist() == [-1] * (size - num)
+        assert graphs.seq_lens[pad].tolist() == [1] * (size - num)
+        assert graphs.block_table[pad, 0].tolist() == [0] * (size - num)

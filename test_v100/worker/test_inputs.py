@@ -38,3 +38,23 @@ def test_matches_reference_metadata_for_mixed_batch():
     assert inp.sample_rows == [0, 1, 3]
     assert inp.logits_indices.tolist() == [0, 5, 13]
     assert md.slot_mapping.dtype == torch.int64 and md.block_table.dtype == torch.int32
+
+
+def test_decode_batch_and_packed_views():
+    """Pure decode takes the one-token path; every device view starts 16-byte aligned."""
+    batch = [scheduled(list(range(10, 10 + n)), n - 1, 1, list(range(1 + 3 * i, 4 + 3 * i)))
+             for i, n in enumerate([3, 9, 12, 5, 1])]
+    inp = prepare_inputs(batch, 4, torch.device("cpu"))
+    num_computed = [s.num_computed_tokens for s in batch]
+    ref = build_attn_metadata(num_computed, [1] * 5, [s.block_ids for s in batch], 4)
+    md = inp.attn_metadata
+    for name in ("query_start_loc", "seq_lens", "slot_mapping"):
+        assert torch.equal(getattr(md, name), getattr(ref, name)), name
+    assert torch.equal(md.block_table, ref.block_table)
+    assert inp.input_ids.tolist() == [s.token_ids[0] for s in batch]
+    assert inp.positions.tolist() == num_computed
+    assert torch.equal(inp.token_table, torch.stack([inp.input_ids, inp.positions,
+                                                     md.slot_mapping]))
+    for t in (md.query_start_loc, md.seq_lens, md.block_table, inp.logits_indices,
+              md.slot_mapping, inp.positions):
+        assert t.data_ptr() % 16 == 0 or t.numel() == 0

@@ -49,9 +49,13 @@ class CudaGraphRunner:
         self.max_blocks = -(-self.max_seq_len // runner.block_size)
         device = runner.device
         n = self.max_size
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        # Rows: input ids, positions, slot mapping - one copy from ModelInput.token_table.
+        self.token_table = torch.zeros(3, n, dtype=torch.int64, device=device)
+        self.token_table[2].fill_(-1)
+        self.input_ids, self.positions, self.slot_mapping = self.token_table.unbind(0)
+        # What a padding row holds: token 0 at position 0, no KV write.
+        self._pad_tokens = torch.tensor([[0], [0], [-1]], dtype=torch.int64, device=device)
+        self._num_dirty = 0  # rows below this may hold a real sequence's values
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
@@ -114,23 +118,31 @@ class CudaGraphRunner:
     def padded_size(self, num_seqs: int) -> int:
         return next(s for s in self.sizes if s >= num_seqs)
 
-    def run(self, inp: ModelInput) -> torch.Tensor:
+    def load(self, inp: ModelInput) -> int:
+        """Copy a decode step's inputs into the static buffers; returns the graph size.
+
+        Three copies; padding rows are reset only where an earlier, larger step left
+        real values (a padding row: no KV write, a 1-token context in the null block).
+        """
         md = inp.attn_metadata
         num = md.num_seqs
         size = self.padded_size(num)
         width = md.block_table.shape[1]
-        self.input_ids[:num].copy_(inp.input_ids, non_blocking=True)
-        self.positions[:num].copy_(inp.positions, non_blocking=True)
-        self.slot_mapping[:num].copy_(md.slot_mapping, non_blocking=True)
+        self.token_table[:, :num].copy_(inp.token_table, non_blocking=True)
         self.seq_lens[:num].copy_(md.seq_lens, non_blocking=True)
         self.block_table[:num, :width].copy_(md.block_table, non_blocking=True)
-        if size > num:
-            # Padding rows: no KV write, a 1-token context in the null block.
-            self.input_ids[num:size].zero_()
-            self.positions[num:size].zero_()
-            self.slot_mapping[num:size].fill_(-1)
-            self.seq_lens[num:size].fill_(1)
-            self.block_table[num:size, 0].zero_()
+        stale = min(size, self._num_dirty)
+        if stale > num:
+            self.token_table[:, num:stale].copy_(self._pad_tokens.expand(3, stale - num))
+            self.seq_lens[num:stale].fill_(1)
+            self.block_table[num:stale, 0].zero_()
+        # Rows [num, stale) are clean now; rows past `size` keep whatever they held.
+        self._num_dirty = self._num_dirty if self._num_dirty > size else num
+        return size
+
+    def run(self, inp: ModelInput) -> torch.Tensor:
+        num = inp.attn_metadata.num_seqs
+        size = self.load(inp)
         self.graphs[size].replay()
         self.num_replays += 1
         return self.outputs[size][:num]

@@ -17,12 +17,14 @@ from vllm_volta.core.scheduler import ScheduledRequest
 
 @dataclass
 class ModelInput:
-    input_ids: torch.Tensor        # [T] int64, device
-    positions: torch.Tensor        # [T] int64, device
+    input_ids: torch.Tensor        # [T] int64, device (row 0 of token_table)
+    positions: torch.Tensor        # [T] int64, device (row 1 of token_table)
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor   # [N] int64, device: rows of the hidden states to sample
     sample_rows: list[int]         # for each of the N rows, its index in the scheduled list
     query_start_loc: np.ndarray    # [B+1] host copy, for prompt-logprob slicing
+    # [3, T] int64, device: input ids, positions, slot mapping (one copy into CUDA graphs)
+    token_table: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -34,51 +36,77 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
+def _align(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                    device: torch.device) -> ModelInput:
-    """Lay the step's new tokens out back to back (the AttentionMetadata contract)."""
+    """Lay the step's new tokens out back to back (the AttentionMetadata contract).
+
+    Every int64 input goes to the device in one copy and every int32 one in another
+    (views of two packed buffers): each host->device copy costs host time per step.
+    """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
     num_computed = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_seqs)
-    qsl = np.zeros(num_seqs + 1, np.int32)
+    num_tokens = int(num_new.sum())
+    sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+    max_blocks = max(max((len(s.block_ids) for s in scheduled), default=1), 1)
+
+    # int32 pack: query_start_loc [B+1] | seq_lens [B] | block_table [B, max_blocks],
+    # each part starting on a 16-byte boundary (kernels may use vector loads).
+    sl_at = _align(num_seqs + 1, 4)
+    bt_at = sl_at + _align(num_seqs, 4)
+    packed32 = np.zeros(bt_at + num_seqs * max_blocks, np.int32)
+    qsl = packed32[:num_seqs + 1]
     np.cumsum(num_new, out=qsl[1:])
-    num_tokens = int(qsl[-1])
-    seq_lens = (num_computed + num_new).astype(np.int32)
-
-    token_ids: list[int] = []
-    for s in scheduled:
-        token_ids += s.token_ids
-    # Position of flat token t of sequence i: t - qsl[i] + num_computed[i].
-    positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(qsl[:-1] - num_computed, num_new)
-
-    max_blocks = max((len(s.block_ids) for s in scheduled), default=1)
-    block_table = np.zeros((num_seqs, max(max_blocks, 1)), np.int32)
+    seq_lens = packed32[sl_at:sl_at + num_seqs]
+    seq_lens[:] = num_computed + num_new
+    block_table = packed32[bt_at:].reshape(num_seqs, max_blocks)
     for i, s in enumerate(scheduled):
         block_table[i, :len(s.block_ids)] = s.block_ids
-    seq_of_token = np.repeat(np.arange(num_seqs), num_new)
-    slot_mapping = (block_table[seq_of_token, positions // block_size].astype(np.int64)
-                    * block_size + positions % block_size)
 
-    sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-    logits_indices = (qsl[1:][sample_rows] - 1).astype(np.int64)
+    # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N]
+    row = _align(num_tokens, 2)  # each row 16-byte aligned
+    li_at = 3 * row
+    packed64 = np.zeros(li_at + len(sample_rows), np.int64)
+    table = packed64[:li_at].reshape(3, row)[:, :num_tokens]
+    token_ids, positions, slot_mapping = table
+    if num_tokens == num_seqs:  # pure decode: one token per sequence
+        token_ids[:] = [s.token_ids[0] for s in scheduled]
+        positions[:] = num_computed
+        seq_of_token = np.arange(num_seqs)
+    else:
+        token_ids[:] = [t for s in scheduled for t in s.token_ids]
+        # Position of flat token t of sequence i: t - qsl[i] + num_computed[i].
+        positions[:] = (np.arange(num_tokens, dtype=np.int64)
+                        - np.repeat(qsl[:-1] - num_computed, num_new))
+        seq_of_token = np.repeat(np.arange(num_seqs), num_new)
+    slot_mapping[:] = (block_table[seq_of_token, positions // block_size].astype(np.int64)
+                       * block_size + positions % block_size)
+    packed64[li_at:] = qsl[1:][sample_rows] - 1
 
-    qsl_t, seq_lens_t = torch.from_numpy(qsl), torch.from_numpy(seq_lens)
+    dev64, dev32 = _to_device(packed64, device), _to_device(packed32, device)
+    dev_table = dev64[:li_at].view(3, row)[:, :num_tokens]
+    host32 = torch.from_numpy(packed32)
     attn_metadata = AttentionMetadata(
         num_actual_tokens=num_tokens,
-        query_start_loc=_to_device(qsl, device),
-        seq_lens=_to_device(seq_lens, device),
-        block_table=_to_device(block_table, device),
-        slot_mapping=_to_device(slot_mapping, device),
+        query_start_loc=dev32[:num_seqs + 1],
+        seq_lens=dev32[sl_at:sl_at + num_seqs],
+        block_table=dev32[bt_at:].view(num_seqs, max_blocks),
+        slot_mapping=dev_table[2],
         max_query_len=int(num_new.max()) if num_seqs else 0,
         max_seq_len=int(seq_lens.max()) if num_seqs else 0,
-        query_start_loc_cpu=qsl_t,
-        seq_lens_cpu=seq_lens_t,
+        query_start_loc_cpu=host32[:num_seqs + 1],
+        seq_lens_cpu=host32[sl_at:sl_at + num_seqs],
     )
     return ModelInput(
-        input_ids=_to_device(np.asarray(token_ids, np.int64), device),
-        positions=_to_device(positions, device),
+        input_ids=dev_table[0],
+        positions=dev_table[1],
         attn_metadata=attn_metadata,
-        logits_indices=_to_device(logits_indices, device),
+        logits_indices=dev64[li_at:],
         sample_rows=sample_rows,
         query_start_loc=qsl,
+        token_table=dev_table,
     )
