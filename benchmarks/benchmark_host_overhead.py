@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import random
 import statistics
 import sys
@@ -32,7 +31,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.utils import log, resolve_model  # noqa: E402
+from benchmarks.utils import log, resolve_model, run_and_emit  # noqa: E402
 
 PHASES = ("schedule", "prepare", "forward", "sample", "output")
 
@@ -156,8 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     torch.set_num_threads(args.threads)
     engine = build_engine(args, max(args.batch_sizes))
@@ -170,15 +168,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine.shutdown()
     if profiler is not None:
         profiler.dump_stats(args.profile)
-    doc = {"benchmark": "host_overhead", "config": args.config,
-           "device": engine.vllm_config.device_config.device,
-           "input_len": args.input_len, "output_len": args.output_len,
-           "finished_only": args.finished_only, "results": results}
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.output_json:
-        Path(args.output_json).write_text(text + "\n")
-    return doc
+    return {"benchmark": "host_overhead", "config": args.config,
+            "device": engine.vllm_config.device_config.device,
+            "input_len": args.input_len, "output_len": args.output_len,
+            "finished_only": args.finished_only, "results": results}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return run_and_emit(lambda: run(args), args.output_json)
 
 
 if __name__ == "__main__":
