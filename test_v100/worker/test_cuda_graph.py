@@ -110,7 +110,8 @@ def test_graph_replay_equals_eager_with_padding():
         torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
     assert graphs.num_replays == 5
     prefill = decode_batch(2, block_size, gen)
-    prefill[0] = ScheduledRequest.make(prefill[0].request, 3, 0, prefill[0].block_ids)
+    prompt = Request("p0", [1, 2, 3, 4, 5], SamplingParams(), max_tokens=1, block_size=block_size)
+    prefill[0] = ScheduledRequest.make(prompt, 5, 0, [1])  # a 5-token prefill: never graphed
     assert not graphs.can_run(prepare_inputs(prefill, block_size, device))
 
 
