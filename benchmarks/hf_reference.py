@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from benchmarks.utils import log, timed
+from benchmarks.utils import log
 
 DUMMY_LOW, DUMMY_HIGH = -1e-3, 1e-3
 
@@ -101,12 +101,6 @@ class HFRunner:
         for start in range(0, len(prompts), self.batch_size):
             lens.extend(self._generate_batch(prompts[start:start + self.batch_size], output_len))
         return lens
-
-    def timed_generate(self, prompts: Sequence[Sequence[int]],
-                       output_len: int) -> tuple[float, list[int]]:
-        with timed(self.device) as t:
-            lens = self.generate(prompts, output_len)
-        return t["elapsed"], lens
 
     def close(self) -> None:
         """Free the model's device memory before another backend needs it."""

@@ -270,10 +270,6 @@ class DeviceConfig:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA GPU is available")
 
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.device)
-
 
 @dataclass
 class VllmConfig:

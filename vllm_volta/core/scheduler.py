@@ -57,10 +57,6 @@ class SchedulerOutput:
     # Requests finished with an error by the scheduler this step (e.g. cannot ever fit).
     errored: list[Request] = field(default_factory=list)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
 
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Token-level stop rules after a token was appended. Sets status; True if finished.
