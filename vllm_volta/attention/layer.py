@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vllm_volta.attention.backends import check_head_grouping
 from vllm_volta.attention.metadata import AttentionMetadata
 
 
@@ -40,9 +41,7 @@ class Attention(nn.Module):
                  backend_cls: type | None = None) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        check_head_grouping(num_heads, num_kv_heads)
         if backend_cls is None:
             from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
             backend_cls = TorchSDPABackend

@@ -9,3 +9,11 @@ import on this machine does not break the others.
 """
 
 from __future__ import annotations
+
+
+def check_head_grouping(num_heads: int, num_kv_heads: int) -> int:
+    """Validate grouped-query head counts; returns the query heads per kv head."""
+    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+    return num_heads // num_kv_heads

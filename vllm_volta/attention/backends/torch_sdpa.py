@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from vllm_volta.attention.backends import check_head_grouping
 from vllm_volta.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -94,14 +95,11 @@ class TorchSDPAImpl:
     """Attention over the paged cache with torch's scaled_dot_product_attention."""
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        self.num_queries_per_kv = num_heads // num_kv_heads
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:

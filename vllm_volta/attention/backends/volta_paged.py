@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vllm_volta.attention.backends import check_head_grouping
 from vllm_volta.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -131,14 +132,11 @@ class VoltaPagedImpl:
     """Paged attention with the _C CUDA kernels (decode) and memory-efficient attention (prefill)."""
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        self.num_queries_per_kv = num_heads // num_kv_heads
         self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
 
     def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
