@@ -28,7 +28,7 @@ _HELP = {
     "max_num_seqs": "max sequences per step",
     "max_num_batched_tokens": "max tokens per step (the token budget)",
     "enforce_eager": "disable CUDA graphs",
-    "tensor_parallel_size": "number of GPUs (only 1 is supported for now)",
+    "tensor_parallel_size": "number of GPUs to split the model over (tensor parallelism)",
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
     "max_seq_len_to_capture": "longest context a CUDA-graph decode step may have (else eager)",
     "disable_log_stats": "do not log throughput and KV-cache usage every 5 s",
