@@ -3,7 +3,7 @@
 Runs the real LLMEngine on a tiny model (``--config tiny-llama``, random weights, token-id
 prompts, no tokenizer) so that the model forward is small and what is left is the engine's
 own work: scheduling, input preparation, sampling and output processing. Each batch size
-in ``--batch-sizes`` runs ``--batch-size`` prompts of ``--input-len`` tokens to
+in ``--batch-sizes`` runs that many prompts of ``--input-len`` tokens to
 ``--output-len`` tokens; only pure-decode steps are timed. Phases are measured with
 ``time.perf_counter`` around the engine's own methods (wrapped on the instances, so the
 engine carries no timing code):
