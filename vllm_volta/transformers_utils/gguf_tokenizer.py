@@ -107,12 +107,7 @@ def _byte_level_bpe(gguf: GGUFFile) -> PreTrainedTokenizerFast:
     bos = _special_token(tokens, meta, "bos")
     eos = _special_token(tokens, meta, "eos")
     if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
-        bos_id = tokens.index(bos)
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0",
-            pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-            special_tokens=[(bos, bos_id)],
-        )
+        tok.post_processor = _bos_processor(bos, tokens.index(bos))
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
 
@@ -128,6 +123,12 @@ def _byte_level_bpe(gguf: GGUFFile) -> PreTrainedTokenizerFast:
     )
 
 
+def _bos_processor(bos: str, bos_id: int) -> processors.TemplateProcessing:
+    """Prepend BOS to every sequence (GGUF's tokenizer.ggml.add_bos_token)."""
+    return processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                         special_tokens=[(bos, bos_id)])
+
+
 def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """Return the HF tokenizer (with chat template) stored in the GGUF file at ``path``."""
     gguf = open_gguf(path)
@@ -138,4 +139,9 @@ def load_gguf_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase
         return _byte_level_bpe(gguf)
     # SentencePiece-style vocabularies: transformers converts them (scores -> merges).
     logger.info("Building the %r GGUF tokenizer through transformers", kind)
-    return AutoTokenizer.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    # transformers versions differ on honouring add_bos_token for these; the GGUF decides.
+    if (gguf.metadata.get("tokenizer.ggml.add_bos_token") and tok.bos_token_id is not None
+            and tok.is_fast and tok("a").input_ids[:1] != [tok.bos_token_id]):
+        tok.backend_tokenizer.post_processor = _bos_processor(tok.bos_token, tok.bos_token_id)
+    return tok
