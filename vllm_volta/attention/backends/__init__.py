@@ -17,3 +17,14 @@ def check_head_grouping(num_heads: int, num_kv_heads: int) -> int:
         raise ValueError(
             f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
     return num_heads // num_kv_heads
+
+
+class AttentionImplBase:
+    """Head bookkeeping every backend impl shares (the impl contract's constructor)."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads

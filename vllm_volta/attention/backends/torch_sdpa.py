@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from vllm_volta.attention.backends import check_head_grouping
+from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -91,15 +91,8 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
     return plan
 
 
-class TorchSDPAImpl:
+class TorchSDPAImpl(AttentionImplBase):
     """Attention over the paged cache with torch's scaled_dot_product_attention."""
-
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = scale
-        self.num_kv_heads = num_kv_heads
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:

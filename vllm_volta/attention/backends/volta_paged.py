@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_volta.attention.backends import check_head_grouping
+from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -128,15 +128,11 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     return plan
 
 
-class VoltaPagedImpl:
+class VoltaPagedImpl(AttentionImplBase):
     """Paged attention with the _C CUDA kernels (decode) and memory-efficient attention (prefill)."""
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = scale
-        self.num_kv_heads = num_kv_heads
+        super().__init__(num_heads, head_size, scale, num_kv_heads)
         self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
 
     def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
