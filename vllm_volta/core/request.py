@@ -101,7 +101,9 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
-        self._update_block_hashes()
+        # Cheap test first: most appends do not complete a block.
+        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+            self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
         # Hash every newly completed full block, chaining on the previous block's hash.

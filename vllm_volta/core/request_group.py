@@ -54,11 +54,15 @@ class RequestGroup:
         if self.metrics.first_scheduled_time is None:
             self.metrics.first_scheduled_time = now
 
-    def process_tokens(self, child: Request, num_new: int, logprobs: LogprobsRow | None
-                       ) -> str | None:
-        """Account the child's `num_new` newest tokens; returns a stop string it hit."""
+    def process_tokens(self, child: Request, num_new: int, logprobs: LogprobsRow | None,
+                       now: float | None = None) -> str | None:
+        """Account the child's `num_new` newest tokens; returns a stop string it hit.
+
+        `now` is the token time (the engine passes one per step: a clock read per request
+        per step is measurable host time)."""
         seq = self._by_id[child.request_id]
-        now = time.time()
+        if now is None:
+            now = time.time()
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.last_token_time = now

@@ -22,7 +22,7 @@ from vllm_volta.logger import init_logger
 logger = init_logger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one is built per request per step
 class ScheduledRequest:
     """One request's share of a step: run `num_new_tokens` tokens from `num_computed_tokens`."""
 
@@ -102,18 +102,29 @@ class Scheduler:
         """Finish (stop/abort/error) requests, freeing their KV blocks. Unknown ids are ignored."""
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
+        dropped: dict[str, Request] = {}
         for rid in request_ids:
             request = self.requests.pop(rid, None)
             if request is None:
                 continue
-            if request in self.running:
-                self.running.remove(request)
-            elif request in self.waiting:
-                self.waiting.remove(request)
+            dropped[rid] = request
             if not request.is_finished:
                 request.status = status
             self.kv_cache_manager.free(request)
             self._finished_since_last_step.add(rid)
+        if dropped:
+            self._remove_from_queues(dropped)
+
+    def _remove_from_queues(self, dropped: dict[str, Request]) -> None:
+        # One pass over `running` for the whole batch (list.remove per request would be
+        # O(batch^2) when many finish in one step); `waiting` only for the rest.
+        num_running = len(self.running)
+        self.running[:] = [r for r in self.running if r.request_id not in dropped]
+        if num_running - len(self.running) < len(dropped):
+            kept = [r for r in self.waiting if r.request_id not in dropped]
+            if len(kept) != len(self.waiting):
+                self.waiting.clear()
+                self.waiting.extend(kept)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -169,9 +180,13 @@ class Scheduler:
         return out
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
-        out.scheduled.append(ScheduledRequest.make(
-            request, num_new, request.num_computed_tokens,
-            self.kv_cache_manager.get_block_ids(request.request_id)))
+        # ScheduledRequest.make, inlined: this runs once per request per step.
+        start = request.num_computed_tokens
+        end = start + num_new
+        tokens = request.all_token_ids
+        out.scheduled.append(ScheduledRequest(
+            request, num_new, start, self.kv_cache_manager.get_block_ids(request.request_id),
+            end == len(tokens), tokens[start:end]))
         out.total_num_scheduled_tokens += num_new
 
     def _preempt(self, request: Request) -> None:
@@ -210,16 +225,23 @@ class Scheduler:
         already removed from the queues with their blocks freed).
         """
         advanced: list[Request] = []
+        finished: list[str] = []
+        running = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        get_sampled = sampled_token_ids.get
         for sched in out.scheduled:
             request = sched.request
-            if request.status != RequestStatus.RUNNING:
+            if request.status != running:
                 continue  # aborted while the step ran
             request.num_computed_tokens += sched.num_new_tokens
-            new_ids = sampled_token_ids.get(request.request_id)
+            new_ids = get_sampled(request.request_id)
             if not new_ids:
                 continue
             request.append_output_token_ids(new_ids)
             advanced.append(request)
-            if check_stop(request, self.max_model_len):
-                self.finish_requests(request.request_id, request.status)
+            if check_stop(request, max_model_len):
+                finished.append(request.request_id)
+        if finished:
+            # Statuses are set already (check_stop); one batch, one pass over the queues.
+            self.finish_requests(finished, RequestStatus.FINISHED_STOPPED)
         return advanced

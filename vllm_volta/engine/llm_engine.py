@@ -189,25 +189,31 @@ class LLMEngine:
             self.scheduler.step_failed(sched_out)
             raise
         now = time.time()
+        groups = self._groups
         for s in sched_out.scheduled:
-            self._groups[s.request.parent_id].mark_scheduled(now)
+            if not s.request.output_token_ids:  # only a request without output can be new
+                groups[s.request.parent_id].mark_scheduled(now)
         for rid, chunk in runner_out.prompt_logprobs.items():
-            self._groups[self.scheduler.requests[rid].parent_id].add_prompt_logprobs(chunk)
-        advanced = self.scheduler.update_from_output(sched_out, runner_out.sampled_token_ids)
+            groups[self.scheduler.requests[rid].parent_id].add_prompt_logprobs(chunk)
+        sampled = runner_out.sampled_token_ids
+        advanced = self.scheduler.update_from_output(sched_out, sampled)
+        logprobs = runner_out.logprobs
+        # With finished_only, only groups with a finished child can need an output.
         touched: dict[str, RequestGroup] = {}
         for request in advanced:
-            group = self._groups[request.parent_id]
-            num_new = len(runner_out.sampled_token_ids[request.request_id])
+            group = groups[request.parent_id]
+            num_new = len(sampled[request.request_id])
             self._generation_tokens_total += num_new
-            stop_str = group.process_tokens(request, num_new,
-                                            runner_out.logprobs.get(request.request_id))
+            stop_str = group.process_tokens(request, num_new, logprobs.get(request.request_id),
+                                            now)
             if stop_str is not None and not request.is_finished:
                 request.stop_reason = stop_str
                 request.status = RequestStatus.FINISHED_STOPPED
                 self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
-            touched[group.request_id] = group
+            if not finished_only or request.is_finished:
+                touched[group.request_id] = group
         for request in sched_out.errored:
-            group = self._groups.get(request.parent_id)
+            group = groups.get(request.parent_id)
             if group is not None:
                 # One failed sample fails the request: drop its siblings too.
                 group.fail(request.error or "request failed")
@@ -219,7 +225,7 @@ class LLMEngine:
             if finished or not finished_only:
                 outputs.append(group.make_output())
             if finished:
-                del self._groups[rid]
+                del groups[rid]
         if self.stat_logger is not None:
             self.stat_logger.maybe_log(self.get_stats())
         return outputs
