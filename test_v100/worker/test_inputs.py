@@ -58,3 +58,19 @@ def test_decode_batch_and_packed_views():
     for t in (md.query_start_loc, md.seq_lens, md.block_table, inp.logits_indices,
               md.slot_mapping, inp.positions):
         assert t.data_ptr() % 16 == 0 or t.numel() == 0
+
+
+def test_large_batch_block_table_matches_reference():
+    """>= 32 rows take the flat-copy block-table path; ragged rows stay zero-padded."""
+    batch = []
+    next_block = 1
+    for i in range(40):
+        n = 1 + (7 * i) % 13  # 1..13 tokens, so 1..4 blocks of 4
+        blocks = list(range(next_block, next_block + (n + 3) // 4))
+        next_block += len(blocks)
+        batch.append(scheduled(list(range(100 + i, 100 + i + n)), n - 1, 1, blocks))
+    inp = prepare_inputs(batch, 4, torch.device("cpu"))
+    num_computed = [s.num_computed_tokens for s in batch]
+    ref = build_attn_metadata(num_computed, [1] * 40, [s.block_ids for s in batch], 4)
+    for name in ("block_table", "slot_mapping", "seq_lens"):
+        assert torch.equal(getattr(inp.attn_metadata, name), getattr(ref, name)), name

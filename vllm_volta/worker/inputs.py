@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -52,7 +53,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     num_computed = np.fromiter((s.num_computed_tokens for s in scheduled), np.int64, num_seqs)
     num_tokens = int(num_new.sum())
     sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
-    max_blocks = max(max((len(s.block_ids) for s in scheduled), default=1), 1)
+    num_blocks = np.fromiter((len(s.block_ids) for s in scheduled), np.int64, num_seqs)
+    max_blocks = max(int(num_blocks.max()) if num_seqs else 1, 1)
 
     # int32 pack: query_start_loc [B+1] | seq_lens [B] | block_table [B, max_blocks],
     # each part starting on a 16-byte boundary (kernels may use vector loads).
@@ -64,8 +66,13 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     seq_lens = packed32[sl_at:sl_at + num_seqs]
     seq_lens[:] = num_computed + num_new
     block_table = packed32[bt_at:].reshape(num_seqs, max_blocks)
-    for i, s in enumerate(scheduled):
-        block_table[i, :len(s.block_ids)] = s.block_ids
+    if num_seqs < 32:  # a few rows: per-row copies beat the vector set-up
+        for i, s in enumerate(scheduled):
+            block_table[i, :len(s.block_ids)] = s.block_ids
+    else:  # one flat copy + a row-prefix mask instead of a numpy assignment per row
+        flat_blocks = np.fromiter(chain.from_iterable(s.block_ids for s in scheduled),
+                                  np.int32, int(num_blocks.sum()))
+        block_table[np.arange(max_blocks) < num_blocks[:, None]] = flat_blocks
 
     # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N]
     row = _align(num_tokens, 2)  # each row 16-byte aligned
