@@ -65,13 +65,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     stop_reason is the stop token id, None for eos.
     """
     params = request.sampling_params
-    last = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens and params.is_stop_token(last):
+    output_ids = request.output_token_ids
+    last = output_ids[-1]
+    num_output = len(output_ids)  # not the properties: this runs per request per step
+    if num_output >= params.min_tokens and params.is_stop_token(last):
         request.status = RequestStatus.FINISHED_STOPPED
         if last in params.stop_token_ids:
             request.stop_reason = last
         return True
-    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+    if num_output >= request.max_tokens or len(request.all_token_ids) >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False

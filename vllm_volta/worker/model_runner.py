@@ -143,8 +143,9 @@ class ModelRunner:
         metadata = self._sampling_metadata(reqs)
         result = self.sampler(logits, metadata)
         sampled = result.sampled_token_ids.tolist()
-        for s, token in zip(reqs, sampled):
-            output.sampled_token_ids[s.req_id] = [token]
+        # s.request.request_id, not the req_id property: this runs per request per step.
+        output.sampled_token_ids = {s.request.request_id: [token]
+                                    for s, token in zip(reqs, sampled)}
         if result.logprobs_tensors is not None:
             ids, lps, ranks = result.logprobs_tensors.tolists()
             for j, s in enumerate(reqs):
@@ -153,7 +154,7 @@ class ModelRunner:
 
     def _sampling_metadata(self, reqs: list[ScheduledRequest]) -> SamplingMetadata:
         # Same requests in the same order as last step: their params did not change.
-        key = tuple([s.req_id for s in reqs])
+        key = tuple([s.request.request_id for s in reqs])
         metadata = self.sampling_cache.get(key)
         if metadata is not None:
             return metadata
@@ -168,10 +169,11 @@ class ModelRunner:
 
     def _prompt_logprobs(self, scheduled: list[ScheduledRequest], inp: ModelInput,
                          hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
-        for i, s in enumerate(scheduled):
+        wanted = [i for i, s in enumerate(scheduled)
+                  if s.request.sampling_params.prompt_logprobs is not None]
+        for i in wanted:
+            s = scheduled[i]
             num_logprobs = s.request.sampling_params.prompt_logprobs
-            if num_logprobs is None:
-                continue
             last = s.request.num_prompt_tokens - 1  # positions that predict a prompt token
             start = s.num_computed_tokens
             end = min(start + s.num_new_tokens, last)
