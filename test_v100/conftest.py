@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No VLLM_VOLTA_* variable from the outer environment leaks into the test."""
+    for name in list(os.environ):
+        if name.startswith("VLLM_VOLTA_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,7 @@ import pytest
 from vllm_volta import envs
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("VLLM_VOLTA_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
+pytestmark = pytest.mark.usefixtures("clean_env")  # test_v100/conftest.py
 
 
 def test_defaults(clean_env, tmp_path):

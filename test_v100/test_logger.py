@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
 from vllm_volta import logger as vv_logger
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("VLLM_VOLTA_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
+pytestmark = pytest.mark.usefixtures("clean_env")  # test_v100/conftest.py
 
 
 def test_logging_level_env_drives_the_logger(clean_env):

@@ -38,7 +38,7 @@ def lib(namespace: str):
 def skip_unsupported(device: str, dtype: torch.dtype) -> None:
     """BF16 kernels exist only on SM80+ (the ops raise a clear error below that; tested apart)."""
     if device == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("bfloat16 needs compute capability >= 8.0")
+        pytest.skip("bfloat16 needs a GPU of compute capability >= 8.0")
 
 
 def rows_with_stride(rows: int, width: int, pad: int, *, dtype: torch.dtype, device: str,

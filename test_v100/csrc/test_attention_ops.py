@@ -72,7 +72,7 @@ DECODE_CASES = [
 def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, kv_heads, seq_lens,
                                                   partition_size, num_threads, max_len_slack):
     if dtype == torch.bfloat16 and not (torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()):
-        pytest.skip("bfloat16 needs compute capability >= 8.0 and a build targeting it")
+        pytest.skip("bfloat16 needs a GPU of compute capability >= 8.0 and a build targeting it")
     device, block_size = "cuda", 16
     width = -(-(max(seq_lens) + max_len_slack) // block_size)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3

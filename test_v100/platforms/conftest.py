@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 
@@ -11,13 +10,10 @@ from vllm_volta.logger import ROOT_LOGGER_NAME, reset_log_once
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No VLLM_VOLTA_* variable from the outer environment leaks into a test."""
-    for name in list(os.environ):
-        if name.startswith("VLLM_VOLTA_"):
-            monkeypatch.delenv(name)
+def clean_env(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The suite-wide clean environment (test_v100/conftest.py), plus fresh log-once state."""
     reset_log_once()
-    return monkeypatch
+    return clean_env
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ CASES = {
 def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size):
     if VoltaPagedBackend.validate(capability=DeviceCapability(*torch.cuda.get_device_capability()), dtype=dtype,
                                   head_size=head_size, device_type="cuda"):
-        pytest.skip(f"VOLTA_PAGED cannot run {dtype} here (bf16 needs SM80+ and a build targeting it)")
+        pytest.skip(f"VOLTA_PAGED cannot run {dtype} on this GPU (bf16 needs an SM80+ GPU and a build targeting it)")
     ours, ref = _layers(num_heads, num_kv_heads, head_size)
     q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, dtype)
     ref_cache = cache.clone()
