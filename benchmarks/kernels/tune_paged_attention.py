@@ -27,8 +27,8 @@ from benchmarks.utils import device_info, log, parse_dtype, run_and_emit  # noqa
 from vllm_volta.kernel_configs import write_kernel_config  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-PARTITION_SIZES = (128, 256, 512, 1024)
-NUM_THREADS = (64, 128, 256)
+PARTITION_SIZES = (32, 64, 128, 256, 512, 1024)
+NUM_THREADS = (64, 128, 256, 512)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -4,8 +4,8 @@
 //   fused_add_rms_norm: z = round_T(x + r); r <- z; x <- round_T(z * inv_rms) * w
 // inv_rms = rsqrt(mean(x^2) + eps) accumulated in fp32. Rounding to T before the weight
 // multiply matches vLLM and Hugging Face RMSNorm.
-// Each thread keeps up to kRmsNormCache vectors of its row in registers, all loaded before
-// the reduction (many loads in flight), so the row is read from memory once; rows longer
+// Each thread keeps up to kRmsNormCache vectors of its row (and of the weight) in registers,
+// all loaded before the reduction (many loads in flight), so the row is read once; rows longer
 // than blockDim.x * kRmsNormCache * VEC re-read the rest.
 #pragma once
 
@@ -14,7 +14,7 @@
 
 namespace vllm_volta {
 
-constexpr int kRmsNormCache = 4;
+constexpr int kRmsNormCache = 2;  // the launcher sizes blocks so rows up to 2048 vectors fit
 
 template <typename T, int VEC>
 __device__ __forceinline__ float sum_squares(const Vec<T, VEC>& x) {
@@ -68,12 +68,18 @@ __global__ void rms_norm_kernel(T* out, int64_t out_stride, const T* in, int64_t
     V* res_row = ADD ? reinterpret_cast<V*>(residual + row * hidden) : nullptr;
     const int num_vecs = active ? hidden / VEC : 0;
 
-    V cache[kRmsNormCache];
+    // The cached vectors' weights are loaded with them, so their latency hides behind the
+    // reduction instead of following it.
+    const V* w = reinterpret_cast<const V*>(weight);
+    V cache[kRmsNormCache], w_cache[kRmsNormCache];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < kRmsNormCache; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
-      if (i < num_vecs) cache[k] = load_source<T, VEC, ADD>(in_row, res_row, i);
+      if (i < num_vecs) {
+        cache[k] = load_source<T, VEC, ADD>(in_row, res_row, i);
+        w_cache[k] = w[i];
+      }
     }
 #pragma unroll
     for (int k = 0; k < kRmsNormCache; ++k)
@@ -84,12 +90,11 @@ __global__ void rms_norm_kernel(T* out, int64_t out_stride, const T* in, int64_t
     const float inv_rms = rsqrtf(row_sum(ss) / hidden + epsilon);
     if (!active) return;
 
-    const V* w = reinterpret_cast<const V*>(weight);
     V* out_row = reinterpret_cast<V*>(out + row * out_stride);
 #pragma unroll
     for (int k = 0; k < kRmsNormCache; ++k) {
       const int i = threadIdx.x + k * blockDim.x;
-      if (i < num_vecs) out_row[i] = normalize<T, VEC>(cache[k], w[i], inv_rms);
+      if (i < num_vecs) out_row[i] = normalize<T, VEC>(cache[k], w_cache[k], inv_rms);
     }
     // Beyond the cache: re-read the (already summed) source, z from residual when ADD.
     const V* again = ADD ? res_row : in_row;

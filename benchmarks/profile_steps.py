@@ -1,0 +1,120 @@
+"""Where a step's GPU time goes: torch.profiler over engine steps, kernels grouped by name.
+
+    python benchmarks/profile_steps.py --config llama-3-8b --dtype half --batch-size 1 \\
+        --input-len 128 --output-len 64 --profile-steps 20
+
+Runs ``--batch-size`` prompts of ``--input-len`` tokens, lets the prefill and
+``--warmup-steps`` decode steps pass, then profiles ``--profile-steps`` engine steps (CUDA
+graph replays included: their kernels are traced one by one). Prints JSON: wall time per
+step, GPU kernel time per step (the sum of kernel durations; the rest of the wall time is
+GPU idle: host work, launch gaps), and the kernels with the most time per step.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.cli_args import add_model_args, check_positive, engine_kwargs, finalize_model_args  # noqa: E402
+from benchmarks.utils import log, random_token_prompts, run_and_emit  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(parser)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--top", type=int, default=25, help="kernels listed")
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args(argv)
+    check_positive(args, "batch_size", "input_len", "output_len", "profile_steps", "top")
+    if args.output_len <= args.warmup_steps + args.profile_steps:
+        raise ValueError("--output-len must exceed --warmup-steps + --profile-steps "
+                         "(only decode steps are profiled)")
+    finalize_model_args(args)
+    return args
+
+
+def kernel_table(events: Any, num_steps: int, top: int) -> tuple[float, list[dict[str, Any]]]:
+    """(GPU kernel microseconds per step, the `top` kernels by time) from profiler events."""
+    from torch.autograd import DeviceType
+
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for ev in events:
+        if ev.device_type != DeviceType.CUDA:
+            continue
+        total[ev.name] += ev.device_time_total
+        count[ev.name] += 1
+    busy = sum(total.values()) / num_steps
+    rows = sorted(total, key=total.get, reverse=True)[:top]
+    return busy, [{"kernel": name[:120], "us_per_step": round(total[name] / num_steps, 2),
+                   "calls_per_step": round(count[name] / num_steps, 2),
+                   "us_per_call": round(total[name] / count[name], 2)} for name in rows]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.engine_runner import EngineRunner
+    from benchmarks.utils import synchronize
+
+    runner = EngineRunner(engine_kwargs(args), temperature=0.0)
+    engine = runner.engine
+    vocab = engine.model_config.hf_config.vocab_size
+    params = runner._sampling_params(args.output_len)
+    for i, prompt in enumerate(random_token_prompts(args.batch_size, args.input_len, vocab, args.seed)):
+        engine.add_request(f"profile-{i}", list(prompt), params)
+    # Prefill (maybe several chunked steps) until every request has its first token.
+    steps = 0
+    while engine.scheduler.waiting or steps < 1:
+        engine.step(finished_only=True)
+        steps += 1
+    for _ in range(args.warmup_steps + 1):
+        engine.step(finished_only=True)
+    synchronize()
+    log(f"profiling {args.profile_steps} decode steps at batch {args.batch_size}")
+    with profile(activities=[ProfilerActivity.CPU]
+                 + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
+        start = time.perf_counter()
+        for _ in range(args.profile_steps):
+            engine.step(finished_only=True)
+        synchronize()
+        wall = (time.perf_counter() - start) / args.profile_steps
+    # Unprofiled timing of the same kind of steps (the profiler adds host overhead).
+    start = time.perf_counter()
+    n = 0
+    while engine.has_unfinished_requests() and n < args.profile_steps:
+        engine.step(finished_only=True)
+        n += 1
+    synchronize()
+    wall_plain = (time.perf_counter() - start) / max(n, 1)
+    busy_us, kernels = kernel_table(prof.events(), args.profile_steps, args.top)
+    graphs = engine.executor.worker.model_runner.graph_runner
+    runner.close()
+    return {"benchmark": "profile_steps", "model": args.model, "batch_size": args.batch_size,
+            "cuda_graphs": graphs is not None,
+            "wall_ms_per_step_profiled": round(wall * 1e3, 3),
+            "wall_ms_per_step": round(wall_plain * 1e3, 3),
+            "gpu_kernel_ms_per_step": round(busy_us / 1e3, 3),
+            "gpu_busy_fraction": round(busy_us / 1e3 / (wall_plain * 1e3), 3),
+            "top_kernels": kernels}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    return run_and_emit(lambda: run(args), args.output_json)
+
+
+if __name__ == "__main__":
+    main()
