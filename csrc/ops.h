@@ -6,6 +6,7 @@
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace vllm_volta {
 
@@ -27,6 +28,8 @@ void meta_gelu_tanh_and_mul(Tensor out, Tensor input);
 void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
 void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                                  double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
+void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
+                           Tensor cos_sin_cache, bool is_neox);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -40,6 +43,10 @@ void native_gelu_tanh_and_mul(Tensor out, Tensor input);
 void reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
 void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                             double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
+
+// ---- rotary embedding, in place on query/key, Volta-safe, CUDA in every build (csrc/rotary_kernels.cu) ----
+void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
+                      Tensor cos_sin_cache, bool is_neox);
 #endif
 
 }  // namespace vllm_volta

@@ -4,12 +4,13 @@
 //   Meta  : validation only (shape/dtype checks; these ops return nothing)
 //   CUDA  : the adapter here when VLLM_V100_ADAPTER, else the native kernels
 //           (csrc/cuda_bindings.cpp, under #ifndef VLLM_V100_ADAPTER)
-// The paged-attention ops have CUDA kernels only (Volta-safe, registered in every CUDA
-// build by csrc/cuda_bindings.cpp) plus Meta.
+// The paged-attention and rotary-embedding ops have CUDA kernels only (Volta-safe,
+// registered in every CUDA build by csrc/cuda_bindings.cpp) plus Meta.
 // `_C_adapter` exposes the same adapter functions under their own namespace so a
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
 #include "ops.h"
+#include "rotary_checks.h"
 
 #include <torch/csrc/stable/library.h>
 
@@ -40,6 +41,12 @@ void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tens
                           num_threads);
 }
 
+void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
+                           Tensor cos_sin_cache, bool is_neox) {
+  (void)is_neox;
+  check_rotary_embedding_args(positions, query, key, head_size, cos_sin_cache);
+}
+
 }  // namespace vllm_volta
 
 using namespace vllm_volta;
@@ -64,6 +71,9 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()");
+  // In place on query/key ([T, H*D] or [T, H, D], rows may be strided); cos_sin_cache [max_pos, rot_dim].
+  m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+        "Tensor cos_sin_cache, bool is_neox) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -78,6 +88,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gelu_tanh_and_mul", TORCH_BOX(&meta_gelu_tanh_and_mul));
   m.impl("reshape_and_cache", TORCH_BOX(&meta_reshape_and_cache));
   m.impl("paged_attention_decode", TORCH_BOX(&meta_paged_attention_decode));
+  m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

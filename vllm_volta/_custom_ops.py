@@ -74,3 +74,17 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: tor
     """
     torch.ops._C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
                                         max_seq_len, partition_size, num_threads)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Rotate ``query`` (and ``key``) in place by the cos/sin of each token's position. CUDA only.
+
+    ``query``/``key`` are [T, heads * head_size] or [T, heads, head_size] (rows may be strided,
+    e.g. column views of a fused qkv output); ``positions`` int64 or int32 with T elements;
+    ``cos_sin_cache`` [max_position, rot_dim] (cos then sin), float32 or the query dtype.
+    ``is_neox`` pairs (i, i + rot_dim/2), else (2i, 2i+1); dims past rot_dim are unchanged.
+    Positions are not range-checked (that would need a device sync): a token whose position is
+    outside [0, max_position) is left unchanged.
+    """
+    torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)

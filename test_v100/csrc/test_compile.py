@@ -35,7 +35,7 @@ def nvcc_results(tmp_path_factory):
 
 def test_there_are_cuda_sources():
     assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu", "cache_kernels.cu",
-                                          "attention_kernels.cu"}
+                                          "attention_kernels.cu", "rotary_kernels.cu"}
 
 
 @needs_nvcc
@@ -65,6 +65,9 @@ NVRTC_UNITS = {
     ] + [f"&vllm_volta::paged_attention_reduce_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
     "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
                           for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],
+    "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}>"
+                           for t, w in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
+                           for neox in ("true", "false")],
 }
 
 

@@ -27,6 +27,10 @@ CUDA_ONLY_OPS = {
         "paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()"
     ),
+    "rotary_embedding": (
+        "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
+        "bool is_neox) -> ()"
+    ),
 }
 
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")
@@ -66,7 +70,7 @@ def test_exactly_one_kernel_per_dispatch_key(op):
 
 
 @pytest.mark.parametrize("op", list(CUDA_ONLY_OPS))
-def test_attention_ops_have_one_cuda_kernel_in_every_cuda_build(op):
+def test_cuda_only_ops_have_one_cuda_kernel_in_every_cuda_build(op):
     regs = registrations(f"_C::{op}")
     assert set(regs) == {"Meta"} | ({"CUDA"} if C.BUILT_WITH_CUDA else set()), regs
     assert all(len(files) == 1 for files in regs.values()), regs

@@ -87,3 +87,63 @@ def test_config_styles_and_errors():
         get_rope(8, 8, 16, 1e4, True, {"rope_type": "su"})
     with pytest.raises(ValueError, match="rotary_dim"):
         get_rope(8, 10, 16, 1e4)
+
+
+def test_cpu_forward_is_forward_native(monkeypatch):
+    """On CPU the fused op is never called: forward is the plain-PyTorch path (inputs untouched)."""
+    from vllm_volta.model_executor.layers import rotary_embedding as rope_module
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the CUDA op must not run on CPU")
+
+    monkeypatch.setattr(rope_module.ops, "rotary_embedding", fail)
+    rope = get_rope(32, 32, 64, 10000.0, True)
+    qkv = torch.randn(5, (4 + 2 * 2) * 32)
+    q, k, _ = qkv.split([128, 64, 64], dim=-1)
+    before = qkv.clone()
+    positions = torch.tensor([0, 1, 9, 33, 63])
+    q_out, k_out = rope(positions, q, k)
+    q_ref, k_ref = rope.forward_native(positions, q, k)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert torch.equal(qkv, before)
+
+
+def _bf16_ok() -> bool:
+    from vllm_volta import _custom_ops as ops
+    return torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_cuda_forward_rotates_qkv_views_in_place(dtype, scaling, is_neox):
+    """The model's call pattern: q/k are column views of the fused qkv output; forward rotates
+    them in place with the fused op, exactly as forward_native would."""
+    if dtype == torch.bfloat16 and not _bf16_ok():
+        pytest.skip("bfloat16 needs a GPU of compute capability >= 8.0 and a build targeting it")
+    heads, kv_heads, d, num_tokens = 8, 2, 128, 19
+    rope = get_rope(d, d, 512, 500000.0, is_neox, SCALINGS[scaling]).cuda()
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * d, device="cuda").to(dtype)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    v_before = v.clone()
+    positions = torch.randint(0, 512, (num_tokens,), device="cuda")
+    q_ref, k_ref = rope.forward_native(positions, q.clone(), k.clone())
+    q_out, k_out = rope(positions, q, k)
+    assert q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()  # in place
+    assert q_out.shape == q_ref.shape and k_out.shape == k_ref.shape
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert torch.equal(v, v_before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_forward_3d_input_and_no_key_keep_todays_shapes():
+    rope = get_rope(64, 32, 128, 10000.0, True).cuda()
+    q = torch.randn(6, 4, 64, device="cuda", dtype=torch.float16)
+    positions = torch.arange(6, device="cuda")
+    q_ref, _ = rope.forward_native(positions, q.clone(), None)
+    q_out, k_out = rope(positions, q, None)
+    assert k_out is None and q_out.shape == (6, 256)
+    assert torch.equal(q_out, q_ref)

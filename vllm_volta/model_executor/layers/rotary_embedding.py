@@ -1,7 +1,9 @@
 """Rotary position embeddings (RoPE): default, linear, Llama 3 and YaRN scaling.
 
 The cos/sin table for every position is computed once in float32 and cast to the activation
-dtype at use, matching transformers' numerics.
+dtype at use, matching transformers' numerics. On CUDA, ``forward`` runs the fused in-place
+``_C::rotary_embedding`` kernel (bit-identical to ``forward_native``, the plain-PyTorch path used
+on CPU and as the test reference).
 """
 
 from __future__ import annotations
@@ -12,11 +14,28 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_volta import _custom_ops as ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+_cuda_kernel_available: bool | None = None
+
+
+def _has_cuda_kernel() -> bool:
+    """Whether the extension has a CUDA kernel for _C::rotary_embedding (asked once)."""
+    global _cuda_kernel_available
+    if _cuda_kernel_available is None:
+        _cuda_kernel_available = torch._C._dispatch_has_kernel_for_dispatch_key(
+            "_C::rotary_embedding", "CUDA")
+    return _cuda_kernel_available
 
 
 class RotaryEmbedding(nn.Module):
-    """Plain RoPE. ``forward(positions [T], query [T, H*D], key [T, KH*D]) -> (query, key)``."""
+    """Plain RoPE. ``forward(positions [T], query [T, H*D], key [T, KH*D]) -> (query, key)``.
+
+    On CUDA the rotation happens in place in ``query``/``key`` (which may be strided views, e.g.
+    column slices of a fused qkv output) and views of them, shaped [T, H*D], are returned.
+    """
 
     def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float,
                  is_neox_style: bool = True) -> None:
@@ -69,6 +88,21 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if query.is_cuda and _has_cuda_kernel():
+            return self.forward_cuda(positions, query, key)
+        return self.forward_native(positions, query, key)
+
+    def forward_cuda(self, positions: torch.Tensor, query: torch.Tensor,
+                     key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One fused kernel, in place in ``query``/``key``; returns [T, H*D] views of them."""
+        ops.rotary_embedding(positions, query, key, self.head_size, self.cos_sin_cache,
+                             self.is_neox_style)
+        return query.flatten(1), (None if key is None else key.flatten(1))
+
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor,
+                       key: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Plain PyTorch (new tensors; inputs untouched): the CPU path and the reference."""
         cos_sin = self.cos_sin_cache.index_select(0, positions.flatten().long())
         cos, sin = cos_sin.to(query.dtype).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rotary_dim/2]
         query = self._rotate(query, cos, sin)
