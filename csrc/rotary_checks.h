@@ -88,7 +88,7 @@ inline RotaryArgs check_rotary_embedding_args(const Tensor& positions, const Ten
 
   const RotaryHeads q = check_rotary_rows(op, "query", query, head_size, num_tokens);
   RotaryHeads k{0, 0};
-  if (key.has_value()) {
+  if (key.has_value() && key->defined()) {
     check_same_dtype(op, "key", *key, query, "query");
     check_same_device(op, "key", *key, query, "query");
     k = check_rotary_rows(op, "key", *key, head_size, num_tokens);

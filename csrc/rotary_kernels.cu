@@ -29,7 +29,7 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
                             static_cast<int>(a.rot_dim),
                             positions.scalar_type() == ScalarType::Long,
                             cos_sin_cache.scalar_type() == ScalarType::Float};
-  void* key_ptr = key.has_value() ? key->data_ptr() : nullptr;
+  void* key_ptr = a.key.num_heads > 0 ? key->data_ptr() : nullptr;
 
   dispatch_float_type(op, query, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;

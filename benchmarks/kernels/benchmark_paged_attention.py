@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 
 import torch  # noqa: E402
 
-from benchmarks.kernels.kernel_timing import time_per_call  # noqa: E402
+from benchmarks.kernels.kernel_timing import time_per_call_graphed  # noqa: E402
 from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, run_and_emit  # noqa: E402
 from vllm_volta import _custom_ops as ops  # noqa: E402
 from vllm_volta.attention.backends.volta_paged import DEFAULT_LAUNCH_CONFIG  # noqa: E402
@@ -33,6 +33,9 @@ TARGET_FRACTION = 0.75
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-len", type=int, default=4096)
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="the kernel's grid bound (default: --context-len); the engine's CUDA graphs "
+                        "pass max_model_len, so a short context runs in a grid sized for a long one")
     p.add_argument("--num-heads", type=int, default=32)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-size", type=int, default=128)
@@ -45,6 +48,10 @@ def check_shape_args(args: argparse.Namespace) -> None:
     for name in ("context_len", "num_heads", "num_kv_heads", "head_size", "block_size", "iters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_seq_len is None:
+        args.max_seq_len = args.context_len
+    if args.max_seq_len < args.context_len:
+        raise ValueError(f"--max-seq-len ({args.max_seq_len}) must be >= --context-len ({args.context_len})")
     if args.num_heads % args.num_kv_heads:
         raise ValueError(f"--num-heads ({args.num_heads}) must be a multiple of --num-kv-heads ({args.num_kv_heads})")
 
@@ -56,10 +63,13 @@ def make_decode_inputs(args: argparse.Namespace, batch_size: int, device: torch.
     num_blocks = batch_size * blocks_per_seq + 1
     kv_cache = torch.randn(2, num_blocks, args.block_size, args.num_kv_heads, args.head_size,
                            dtype=dtype, device=device)
-    table = (torch.randperm(num_blocks - 1, device=device)[: batch_size * blocks_per_seq] + 1)
+    table = torch.zeros(batch_size, math.ceil(args.max_seq_len / args.block_size), dtype=torch.int32,
+                        device=device)
+    used = torch.randperm(num_blocks - 1, device=device)[: batch_size * blocks_per_seq] + 1
+    table[:, :blocks_per_seq] = used.view(batch_size, blocks_per_seq).to(torch.int32)
     return dict(
         kv_cache=kv_cache,
-        block_table=table.view(batch_size, blocks_per_seq).to(torch.int32),
+        block_table=table,
         seq_lens=torch.full((batch_size,), args.context_len, dtype=torch.int32, device=device),
         query=torch.randn(batch_size, args.num_heads, args.head_size, dtype=dtype, device=device),
         out=torch.empty(batch_size, args.num_heads, args.head_size, dtype=dtype, device=device),
@@ -74,13 +84,14 @@ def bytes_per_call(args: argparse.Namespace, batch_size: int) -> int:
 
 def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[str, int],
                 device: torch.device) -> float:
-    """Seconds per decode call with the given launch parameters."""
+    """Seconds per decode call with the given launch parameters (GPU time: CUDA-graph replay,
+    as the engine runs decode)."""
     def call() -> None:
         ops.paged_attention_decode(inputs["out"], inputs["query"], inputs["kv_cache"], inputs["block_table"],
-                                   inputs["seq_lens"], 1.0 / math.sqrt(args.head_size), args.context_len,
+                                   inputs["seq_lens"], 1.0 / math.sqrt(args.head_size), args.max_seq_len,
                                    launch["partition_size"], launch["num_threads"])
 
-    return time_per_call(call, [()], device, iters=args.iters)
+    return time_per_call_graphed(call, device, iters=args.iters)
 
 
 def launch_config(args: argparse.Namespace) -> tuple[dict[str, int], str]:
@@ -125,7 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"paged decode: {seconds * 1e6:.1f} us, {bw / 1e9:.0f} GB/s = {bw / copy_bw:.1%} of copy "
         f"({copy_bw / 1e9:.0f} GB/s), launch {launch} ({source})")
     return {"benchmark": "kernels/paged_attention_decode", "device_info": device_info(),
-            "batch_size": args.batch_size, "context_len": args.context_len, "num_heads": args.num_heads,
+            "batch_size": args.batch_size, "context_len": args.context_len, "max_seq_len": args.max_seq_len,
+            "num_heads": args.num_heads,
             "num_kv_heads": args.num_kv_heads, "head_size": args.head_size, "block_size": args.block_size,
             "dtype": args.dtype, "launch_config": launch, "launch_config_source": source,
             "seconds_per_call": seconds, "bytes_per_call": nbytes, "bandwidth_bytes_per_s": bw,

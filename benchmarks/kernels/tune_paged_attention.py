@@ -2,9 +2,11 @@
 the kernel-config JSON that VOLTA_PAGED looks up (vllm_volta/kernel_configs.py).
 
     python benchmarks/kernels/tune_paged_attention.py --num-heads 32 --num-kv-heads 8 \\
-        --head-size 128 --dtype half --context-len 4096 [--output-dir DIR]
+        --head-size 128 --dtype half --context-len 4096 [--max-seq-len 8192] [--output-dir DIR]
 
-Every candidate is timed on the GPU for each batch size; the fastest is kept. The file goes to
+Every candidate is timed on the GPU (CUDA-graph replay, so launch overhead is not counted) for
+each batch size; the fastest is kept. --max-seq-len sizes the grid as the engine's decode graphs
+do (max_model_len), which matters for short contexts. The file goes to
 --output-dir, else VLLM_VOLTA_KERNEL_CONFIG_DIR, else the shipped vllm_volta/kernel_configs/,
 named by op, head_size, num_kv_heads, dtype and device. Prints one JSON document.
 """
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                head_size=args.head_size, num_kv_heads=args.num_kv_heads,
                                dtype=parse_dtype(args.dtype))
     return {"benchmark": "kernels/tune_paged_attention", "device_info": device_info(),
-            "context_len": args.context_len, "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
+            "context_len": args.context_len, "max_seq_len": args.max_seq_len, "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
             "head_size": args.head_size, "dtype": args.dtype, "config_file": str(path), "results": results}
 
 

@@ -58,6 +58,8 @@ DECODE_CASES = [
     (torch.float16, 128, 28, 4, [77, 2049], 512, 64),  # Qwen2.5-7B: GQA 7 -> 1 head/block
     (torch.float16, 64, 9, 3, [3, 40, 129], 32, 128),  # tiny partitions, many of them
     (torch.float16, 96, 8, 8, [33, 95], 1024, 512),  # MHA, single partition
+    (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 3 blocks of 4 heads per KV head
+    (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
     (torch.float32, 128, 8, 2, [31, 700], 512, 128),
     (torch.float32, 256, 4, 4, [65], 64, 64),
@@ -69,11 +71,12 @@ DECODE_CASES = [
 @requires_gpu
 @pytest.mark.parametrize("dtype,head_size,num_heads,kv_heads,seq_lens,partition_size,num_threads", DECODE_CASES)
 @pytest.mark.parametrize("max_len_slack", [0, 700], ids=["exact-max", "graph-max"])
+@pytest.mark.parametrize("block_size", [16, 24], ids=["block16", "block24-straddles-partitions"])
 def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, kv_heads, seq_lens,
-                                                  partition_size, num_threads, max_len_slack):
+                                                  partition_size, num_threads, max_len_slack, block_size):
     if dtype == torch.bfloat16 and not (torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()):
         pytest.skip("bfloat16 needs a GPU of compute capability >= 8.0 and a build targeting it")
-    device, block_size = "cuda", 16
+    device = "cuda"
     width = -(-(max(seq_lens) + max_len_slack) // block_size)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
     kv_cache = random_cache(num_blocks, block_size, kv_heads, head_size, dtype, device)
