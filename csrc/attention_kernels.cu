@@ -26,13 +26,29 @@ void dispatch_head_size(int64_t d, F&& f) {
   }
 }
 
-// Query heads per block: the largest of 8, 4, 2, 1 dividing the GQA group size.
+// Query heads per block: the GQA group (query heads sharing one KV head) when it is <= 8,
+// else the largest divisor of it that is <= 8 (no KV head is split unevenly).
+int64_t heads_per_block(int64_t group) {
+  for (int64_t chunks = (group + 7) / 8;; ++chunks)
+    if (group % chunks == 0) return group / chunks;
+}
+
+// Calls f(IntTag<HPB>{}, BoolTag<EXACT>{}) with the kernel's register bound HPB >= hpb (1, 2,
+// 4 or 8); EXACT when hpb == HPB (then the kernel's head count is a compile-time constant).
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
 template <typename F>
-void dispatch_heads_per_block(int64_t group, F&& f) {
-  if (group % 8 == 0) return f(IntTag<8>{});
-  if (group % 4 == 0) return f(IntTag<4>{});
-  if (group % 2 == 0) return f(IntTag<2>{});
-  return f(IntTag<1>{});
+void dispatch_heads_bound(int64_t hpb, F&& f) {
+  switch (hpb) {
+    case 1: return f(IntTag<1>{}, BoolTag<true>{});
+    case 2: return f(IntTag<2>{}, BoolTag<true>{});
+    case 3: return f(IntTag<4>{}, BoolTag<false>{});
+    case 4: return f(IntTag<4>{}, BoolTag<true>{});
+    case 8: return f(IntTag<8>{}, BoolTag<true>{});
+    default: return f(IntTag<8>{}, BoolTag<false>{});  // 5, 6, 7
+  }
 }
 
 }  // namespace
@@ -67,8 +83,10 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     part_max = part_out + rows * d;
     part_sum = part_max + rows;
   }
+  const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
   const PagedDecodeParams params{static_cast<int>(a.num_heads), static_cast<int>(a.cache.num_kv_heads),
-                                 static_cast<int>(a.cache.block_size), static_cast<int>(partition_size),
+                                 static_cast<int>(hpb), static_cast<int>(a.cache.block_size),
+                                 static_cast<int>(partition_size),
                                  static_cast<int>(a.num_partitions), q_stride,
                                  block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
                                  static_cast<float>(scale)};
@@ -78,12 +96,14 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     T* out_ptr = static_cast<T*>(out.data_ptr());
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
-      dispatch_heads_per_block(a.num_heads / a.cache.num_kv_heads, [&](auto hpb_tag) {
+      dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
         constexpr int HPB = decltype(hpb_tag)::value;
-        const dim3 grid(static_cast<unsigned>(a.num_heads / HPB), static_cast<unsigned>(a.num_seqs),
+        constexpr bool EXACT = decltype(exact_tag)::value;
+        const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
                         static_cast<unsigned>(a.num_partitions));
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(partition_size, D);
-        paged_attention_decode_kernel<T, D, HPB><<<grid, static_cast<unsigned>(num_threads), smem, stream>>>(
+        const unsigned threads = static_cast<unsigned>(num_threads);
+        paged_attention_decode_kernel<T, D, HPB, EXACT><<<grid, threads, smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
             static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
             static_cast<const int*>(seq_lens.data_ptr()), params);

@@ -1,12 +1,14 @@
 // Paged-attention decode (device code only): one query token per sequence attends to its
 // whole context in the paged KV cache [2, num_blocks, block_size, num_kv_heads, D].
 //
-// Grid (num_heads / HPB, num_seqs, num_partitions). A block handles HPB query heads that
-// share one KV head (GQA: K/V are read once for the HPB heads) over one partition of
+// Grid (num_heads / hpb, num_seqs, num_partitions). A block handles hpb query heads that
+// share one KV head (GQA: K/V are read once for them; hpb <= HPB, the register bound the
+// kernel is compiled for, so groups of 3, 5, 6 or 7 need no extra reads) over one partition of
 // `partition_size` context tokens. Partitions past a sequence's length exit at once, so
 // the grid may be sized from an upper bound (max_model_len under CUDA-graph capture).
 //  1. scores: a group of L lanes reads one token's key row with 16-byte loads (U tokens
-//     in flight per group) and reduces the dot products by warp shuffles;
+//     in flight per group) and sums the U x hpb dot products over its lanes with one
+//     reduce-scatter (about U x HPB shuffles, not U x HPB x log2 L);
 //  2. softmax over the partition in shared memory (max, exp, sum);
 //  3. P @ V: the same lane groups accumulate p * v in fp32 registers, reduced over the
 //     groups of a warp by shuffles and over warps by shared-memory atomics.
@@ -41,9 +43,35 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Sums N values over the lanes of an aligned group (shuffle offsets below 2 * O), leaving
+// each lane with max(1, N / group size) of the totals: values [first, first + that). A
+// reduce-scatter: each exchange halves what a lane carries, so the N sums cost about N
+// shuffles instead of N * log2(group size) for N separate butterflies.
+template <int N, int O>
+__device__ __forceinline__ void group_reduce_scatter(float* v, int lane, int& first) {
+  if constexpr (O > 0) {
+    if constexpr (N == 1) {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+      group_reduce_scatter<1, O / 2>(v, lane, first);
+    } else {
+      constexpr int H = N / 2;
+      const bool upper = (lane & O) != 0;  // keeps the upper half, sends the lower
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float send = upper ? v[i] : v[i + H];
+        const float keep = upper ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+      }
+      if (upper) first += H;
+      group_reduce_scatter<H, O / 2>(v, lane, first);
+    }
+  }
+}
+
 struct PagedDecodeParams {
   int num_heads;
   int num_kv_heads;
+  int heads_per_block;     // hpb: query heads (of one KV head) per block, <= the kernel's HPB
   int block_size;
   int partition_size;
   int num_partitions;
@@ -53,7 +81,9 @@ struct PagedDecodeParams {
   float scale;
 };
 
-template <typename T, int D, int HPB>
+// EXACT: hpb == HPB (the group is 1, 2, 4 or 8), a compile-time constant; else hpb comes
+// from the params and the heads past it are masked.
+template <typename T, int D, int HPB, bool EXACT>
 __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __restrict__ part_out,
                                               float* __restrict__ part_max, float* __restrict__ part_sum,
                                               const T* __restrict__ query, const T* __restrict__ kv_cache,
@@ -71,7 +101,8 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     const int start = part * p.partition_size;
     if (start >= seq_len) return;
     const int n = min(p.partition_size, seq_len - start);
-    const int head0 = blockIdx.x * HPB;
+    const int hpb = EXACT ? HPB : p.heads_per_block;
+    const int head0 = blockIdx.x * hpb;
     const int kv_head = head0 / (p.num_heads / p.num_kv_heads);
 
     extern __shared__ float smem[];  // [HPB][partition_size] scores, then [HPB][D] output
@@ -101,10 +132,11 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
 #pragma unroll
       for (int c = 0; c < R::kPerLane; ++c) {
         const int vi = lane + c * R::kLanes;
+        const bool live = h < hpb && vi < R::kVecs;  // heads past hpb: q = 0, never stored
         V qv;
-        if (vi < R::kVecs) qv = qrow[vi];
+        if (live) qv = qrow[vi];
 #pragma unroll
-        for (int j = 0; j < R::kVec; ++j) q[h][c][j] = vi < R::kVecs ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
+        for (int j = 0; j < R::kVec; ++j) q[h][c][j] = live ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
       }
     }
     // This lane's slices of the rows of tokens base + u * num_groups + group (u < U) of one
@@ -126,38 +158,38 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     for (int base = 0; base < n; base += num_groups * U) {
       V k[U][R::kPerLane];
       load_rows(k_base, k, base);
+      // Partial dot products of this lane, [u][h] flattened, then summed over the group.
+      float dot[U * HPB];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int i = base + u * num_groups + group;
-        float dot[HPB];
 #pragma unroll
-        for (int h = 0; h < HPB; ++h) dot[h] = 0.f;
-        if (i < n) {
+        for (int h = 0; h < HPB; ++h) dot[u * HPB + h] = 0.f;
+        if (base + u * num_groups + group >= n) continue;
 #pragma unroll
-          for (int c = 0; c < R::kPerLane; ++c) {
-            if (lane + c * R::kLanes >= R::kVecs) continue;
+        for (int c = 0; c < R::kPerLane; ++c) {
+          if (lane + c * R::kLanes >= R::kVecs) continue;
 #pragma unroll
-            for (int j = 0; j < R::kVec; ++j) {
-              const float kf = Convert<T>::to_float(k[u][c].v[j]);
+          for (int j = 0; j < R::kVec; ++j) {
+            const float kf = Convert<T>::to_float(k[u][c].v[j]);
 #pragma unroll
-              for (int h = 0; h < HPB; ++h) dot[h] += q[h][c][j] * kf;
-            }
+            for (int h = 0; h < HPB; ++h) dot[u * HPB + h] += q[h][c][j] * kf;
           }
         }
-        // Reduce over the lanes of the group (aligned power-of-two lane ranges).
+      }
+      int first = 0;
+      group_reduce_scatter<U * HPB, R::kLanes / 2>(dot, lane, first);
+      constexpr int kHeld = U * HPB > R::kLanes ? U * HPB / R::kLanes : 1;
 #pragma unroll
-        for (int h = 0; h < HPB; ++h) {
-#pragma unroll
-          for (int offset = R::kLanes / 2; offset > 0; offset >>= 1)
-            dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], offset);
-          if (i < n && lane == 0) smem[h * p.partition_size + i] = dot[h];
-        }
+      for (int j = 0; j < kHeld; ++j) {
+        const int u = (first + j) / HPB, h = (first + j) % HPB;
+        const int i = base + u * num_groups + group;
+        if (i < n && h < hpb) smem[h * p.partition_size + i] = dot[j];  // lanes holding a copy agree
       }
     }
     __syncthreads();
 
     // ---- 2. softmax over the partition: one warp per head ----
-    for (int h = warp; h < HPB; h += num_warps) {
+    for (int h = warp; h < hpb; h += num_warps) {
       float* s = smem + h * p.partition_size;
       float m = kNegLargest;
       for (int i = threadIdx.x % 32; i < n; i += 32) m = fmaxf(m, s[i]);
@@ -193,7 +225,7 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
         if (i >= n) continue;
         float prob[HPB];
 #pragma unroll
-        for (int h = 0; h < HPB; ++h) prob[h] = smem[h * p.partition_size + i];
+        for (int h = 0; h < HPB; ++h) prob[h] = h < hpb ? smem[h * p.partition_size + i] : 0.f;
 #pragma unroll
         for (int c = 0; c < R::kPerLane; ++c) {
           if (lane + c * R::kLanes >= R::kVecs) continue;
@@ -225,7 +257,7 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
 #pragma unroll
         for (int c = 0; c < R::kPerLane; ++c) {
           const int vi = lane + c * R::kLanes;
-          if (vi >= R::kVecs) continue;
+          if (vi >= R::kVecs || h >= hpb) continue;
 #pragma unroll
           for (int j = 0; j < R::kVec; ++j) atomicAdd(&smem[h * D + vi * R::kVec + j], acc[h][c][j]);
         }
@@ -233,13 +265,13 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     __syncthreads();
 
     if (p.num_partitions == 1) {
-      for (int idx = threadIdx.x; idx < HPB * D; idx += blockDim.x) {
+      for (int idx = threadIdx.x; idx < hpb * D; idx += blockDim.x) {
         const int h = idx / D;
         out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] =
             Convert<T>::from_float(smem[idx] / s_sum[h]);
       }
     } else {
-      for (int idx = threadIdx.x; idx < HPB * D; idx += blockDim.x) {
+      for (int idx = threadIdx.x; idx < hpb * D; idx += blockDim.x) {
         const int h = idx / D;
         const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + part;
         part_out[row * D + idx % D] = smem[idx];

@@ -54,11 +54,11 @@ def decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
 DECODE_CASES = [
     # (dtype, head_size, num_heads, kv_heads, seq_lens, partition_size, num_threads)
     (torch.float16, 128, 32, 8, [1, 17, 64, 600, 1333], 512, 128),  # Llama-3 GQA 4, split contexts
-    (torch.float16, 128, 12, 2, [5, 300, 1024], 256, 256),  # Qwen2.5-1.5B: GQA 6 -> 2 heads/block
-    (torch.float16, 128, 28, 4, [77, 2049], 512, 64),  # Qwen2.5-7B: GQA 7 -> 1 head/block
-    (torch.float16, 64, 9, 3, [3, 40, 129], 32, 128),  # tiny partitions, many of them
+    (torch.float16, 128, 12, 2, [5, 300, 1024], 256, 256),  # Qwen2.5-1.5B: GQA 6 -> 6 heads/block (bound 8)
+    (torch.float16, 128, 28, 4, [77, 2049], 512, 64),  # Qwen2.5-7B: GQA 7 -> 7 heads/block (bound 8)
+    (torch.float16, 64, 9, 3, [3, 40, 129], 32, 128),  # tiny partitions, many of them; GQA 3 (bound 4)
     (torch.float16, 96, 8, 8, [33, 95], 1024, 512),  # MHA, single partition
-    (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 3 blocks of 4 heads per KV head
+    (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 2 blocks of 6 heads per KV head
     (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
     (torch.float32, 128, 8, 2, [31, 700], 512, 128),

@@ -60,8 +60,9 @@ NVRTC_UNITS = {
         for a in ("kSilu", "kGelu", "kGeluTanh")
     ],
     "kernels/paged_attention.cuh": [
-        f"&vllm_volta::paged_attention_decode_kernel<{t}, {d}, {hpb}>"
-        for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256) for hpb in (1, 8)
+        f"&vllm_volta::paged_attention_decode_kernel<{t}, {d}, {hpb}, {exact}>"
+        for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256)
+        for hpb, exact in ((1, "true"), (8, "true"), (8, "false"))
     ] + [f"&vllm_volta::paged_attention_reduce_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
     "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
                           for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],

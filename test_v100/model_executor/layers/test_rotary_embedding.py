@@ -147,3 +147,11 @@ def test_cuda_forward_3d_input_and_no_key_keep_todays_shapes():
     q_out, k_out = rope(positions, q, None)
     assert k_out is None and q_out.shape == (6, 256)
     assert torch.equal(q_out, q_ref)
+
+
+def test_empty_batch_keeps_shapes():
+    """0 tokens (an empty step) is not an error: reshape(0, -1, D) would be ambiguous."""
+    rope = get_rope(64, 32, 128, 10000.0, True)
+    q, k = torch.empty(0, 4 * 64), torch.empty(0, 2, 64)
+    q_out, k_out = rope.forward_native(torch.empty(0, dtype=torch.int64), q, k)
+    assert q_out.shape == (0, 4 * 64) and k_out.shape == (0, 2 * 64)

@@ -71,8 +71,9 @@ class RotaryEmbedding(nn.Module):
         return cache * factor if factor != 1.0 else cache
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        x = x.reshape(num_tokens, -1, self.head_size)
+        num_tokens, width = x.shape[0], math.prod(x.shape[1:])
+        # Explicit sizes: reshape(0, -1, D) is ambiguous for an empty batch.
+        x = x.reshape(num_tokens, width // self.head_size, self.head_size)
         rot, passthrough = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
         if self.is_neox_style:  # halves pair up: (i, i + d/2)
             x1, x2 = rot.chunk(2, dim=-1)
@@ -84,7 +85,7 @@ class RotaryEmbedding(nn.Module):
             rotated = torch.cat((o1, o2), dim=-1)
         else:
             rotated = torch.stack((o1, o2), dim=-1).flatten(-2)
-        return torch.cat((rotated, passthrough), dim=-1).reshape(num_tokens, -1)
+        return torch.cat((rotated, passthrough), dim=-1).reshape(num_tokens, width)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
