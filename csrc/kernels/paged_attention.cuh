@@ -7,8 +7,7 @@
 // `partition_size` context tokens. Partitions past a sequence's length exit at once, so
 // the grid may be sized from an upper bound (max_model_len under CUDA-graph capture).
 //  1. scores: a group of L lanes reads one token's key row with 16-byte loads (U tokens
-//     in flight per group) and sums the U x hpb dot products over its lanes with one
-//     reduce-scatter (about U x HPB shuffles, not U x HPB x log2 L);
+//     in flight per group) and reduces the dot products by warp shuffles;
 //  2. softmax over the partition in shared memory (max, exp, sum);
 //  3. P @ V: the same lane groups accumulate p * v in fp32 registers, reduced over the
 //     groups of a warp by shuffles and over warps by shared-memory atomics.
@@ -41,31 +40,6 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
-}
-
-// Sums N values over the lanes of an aligned group (shuffle offsets below 2 * O), leaving
-// each lane with max(1, N / group size) of the totals: values [first, first + that). A
-// reduce-scatter: each exchange halves what a lane carries, so the N sums cost about N
-// shuffles instead of N * log2(group size) for N separate butterflies.
-template <int N, int O>
-__device__ __forceinline__ void group_reduce_scatter(float* v, int lane, int& first) {
-  if constexpr (O > 0) {
-    if constexpr (N == 1) {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
-      group_reduce_scatter<1, O / 2>(v, lane, first);
-    } else {
-      constexpr int H = N / 2;
-      const bool upper = (lane & O) != 0;  // keeps the upper half, sends the lower
-#pragma unroll
-      for (int i = 0; i < H; ++i) {
-        const float send = upper ? v[i] : v[i + H];
-        const float keep = upper ? v[i + H] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-      }
-      if (upper) first += H;
-      group_reduce_scatter<H, O / 2>(v, lane, first);
-    }
-  }
 }
 
 struct PagedDecodeParams {
@@ -158,32 +132,32 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     for (int base = 0; base < n; base += num_groups * U) {
       V k[U][R::kPerLane];
       load_rows(k_base, k, base);
-      // Partial dot products of this lane, [u][h] flattened, then summed over the group.
-      float dot[U * HPB];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        const int i = base + u * num_groups + group;
+        float dot[HPB];
 #pragma unroll
-        for (int h = 0; h < HPB; ++h) dot[u * HPB + h] = 0.f;
-        if (base + u * num_groups + group >= n) continue;
+        for (int h = 0; h < HPB; ++h) dot[h] = 0.f;
+        if (i < n) {
 #pragma unroll
-        for (int c = 0; c < R::kPerLane; ++c) {
-          if (lane + c * R::kLanes >= R::kVecs) continue;
+          for (int c = 0; c < R::kPerLane; ++c) {
+            if (lane + c * R::kLanes >= R::kVecs) continue;
 #pragma unroll
-          for (int j = 0; j < R::kVec; ++j) {
-            const float kf = Convert<T>::to_float(k[u][c].v[j]);
+            for (int j = 0; j < R::kVec; ++j) {
+              const float kf = Convert<T>::to_float(k[u][c].v[j]);
 #pragma unroll
-            for (int h = 0; h < HPB; ++h) dot[u * HPB + h] += q[h][c][j] * kf;
+              for (int h = 0; h < HPB; ++h) dot[h] += q[h][c][j] * kf;
+            }
           }
         }
-      }
-      int first = 0;
-      group_reduce_scatter<U * HPB, R::kLanes / 2>(dot, lane, first);
-      constexpr int kHeld = U * HPB > R::kLanes ? U * HPB / R::kLanes : 1;
+        // Reduce over the lanes of the group (aligned power-of-two lane ranges).
 #pragma unroll
-      for (int j = 0; j < kHeld; ++j) {
-        const int u = (first + j) / HPB, h = (first + j) % HPB;
-        const int i = base + u * num_groups + group;
-        if (i < n && h < hpb) smem[h * p.partition_size + i] = dot[j];  // lanes holding a copy agree
+        for (int h = 0; h < HPB; ++h) {
+#pragma unroll
+          for (int offset = R::kLanes / 2; offset > 0; offset >>= 1)
+            dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], offset);
+          if (i < n && lane == 0 && h < hpb) smem[h * p.partition_size + i] = dot[h];
+        }
       }
     }
     __syncthreads();
