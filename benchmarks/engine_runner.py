@@ -36,7 +36,7 @@ class EngineRunner:
         """The activation dtype the engine resolved (after 'auto' and the Volta FP16 cast)."""
         return parse_dtype(self.engine.model_config.dtype)
 
-    def _sampling_params(self, output_len: int) -> Any:
+    def sampling_params(self, output_len: int) -> Any:
         from vllm_volta.sampling_params import SamplingParams
 
         # No detokenization: the benchmark counts token ids, as transformers generate does.
@@ -45,7 +45,7 @@ class EngineRunner:
 
     def generate(self, prompts: Sequence[Sequence[int]], output_len: int) -> list[int]:
         """Add every prompt, step until all finish; returns each request's output length."""
-        params = self._sampling_params(output_len)
+        params = self.sampling_params(output_len)
         request_ids = []
         for prompt in prompts:
             request_id = f"bench-{next(self._ids)}"

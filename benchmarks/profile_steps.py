@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner = EngineRunner(engine_kwargs(args), temperature=0.0)
     engine = runner.engine
     vocab = engine.model_config.hf_config.vocab_size
-    params = runner._sampling_params(args.output_len)
+    params = runner.sampling_params(args.output_len)
     for i, prompt in enumerate(random_token_prompts(args.batch_size, args.input_len, vocab, args.seed)):
         engine.add_request(f"profile-{i}", list(prompt), params)
     # Prefill (maybe several chunked steps) until every request has its first token.

@@ -8,6 +8,7 @@ builds whose target archs are all below SM80) or the adapter functions on CPU.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -18,6 +19,12 @@ except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(
         "vllm_volta._C is not built; run `pip install --no-build-isolation -e .` in the repo root"
     ) from exc
+
+
+@functools.cache
+def has_cuda_kernel(op: str) -> bool:
+    """Whether this build registered a CUDA kernel for ``_C::<op>`` (asked once per op)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op}", "CUDA")
 
 
 def cuda_bf16_kernels_built() -> bool:

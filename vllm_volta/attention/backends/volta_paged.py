@@ -34,10 +34,10 @@ _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
 def _extension_problem() -> str | None:
     """Why the CUDA kernels of vllm_volta._C cannot be used, or None."""
     try:
-        import vllm_volta._custom_ops  # noqa: F401
+        from vllm_volta._custom_ops import has_cuda_kernel
     except ImportError as e:
         return f"vllm_volta._C cannot be imported ({e})"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::paged_attention_decode", "CUDA"):
+    if not has_cuda_kernel("paged_attention_decode"):
         return "vllm_volta._C was built without CUDA kernels (reinstall with a CUDA build of torch)"
     return None
 

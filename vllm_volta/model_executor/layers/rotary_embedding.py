@@ -18,17 +18,6 @@ from vllm_volta import _custom_ops as ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
-_cuda_kernel_available: bool | None = None
-
-
-def _has_cuda_kernel() -> bool:
-    """Whether the extension has a CUDA kernel for _C::rotary_embedding (asked once)."""
-    global _cuda_kernel_available
-    if _cuda_kernel_available is None:
-        _cuda_kernel_available = torch._C._dispatch_has_kernel_for_dispatch_key(
-            "_C::rotary_embedding", "CUDA")
-    return _cuda_kernel_available
-
 
 class RotaryEmbedding(nn.Module):
     """Plain RoPE. ``forward(positions [T], query [T, H*D], key [T, KH*D]) -> (query, key)``.
@@ -89,7 +78,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if query.is_cuda and _has_cuda_kernel():
+        if query.is_cuda and ops.has_cuda_kernel("rotary_embedding"):
             return self.forward_cuda(positions, query, key)
         return self.forward_native(positions, query, key)
 
