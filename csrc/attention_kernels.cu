@@ -3,12 +3,13 @@
 // up in the tuned kernel configs (vllm_volta/kernel_configs.py).
 #include "attention_checks.h"
 #include "cuda_launch.h"
-#include "kernels/paged_attention.cuh"
+#include "kernels/paged_attention_tc.cuh"
 #include "ops.h"
 
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace vllm_volta {
@@ -49,6 +50,38 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
     case 8: return f(IntTag<8>{}, BoolTag<true>{});
     default: return f(IntTag<8>{}, BoolTag<false>{});  // 5, 6, 7
   }
+}
+
+// Shared memory a block of `device` may opt in to.
+int max_smem_per_block(int device) {
+  int bytes = 0;
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return bytes;
+}
+
+// FP16 runs on tensor cores when the partition is whole 32-token tiles and the block's
+// threads and shared memory fit the device; otherwise (and for FP32 / BF16) on the CUDA-core kernel.
+// Returns false when it did not launch.
+template <int D>
+bool launch_tc(const PagedDecodeParams& params, dim3 grid, unsigned threads, cudaStream_t stream, int device,
+               __half* out, float* part_out, float* part_max, float* part_sum, const Tensor& query,
+               const Tensor& kv_cache, const Tensor& block_table, const Tensor& seq_lens) {
+  auto kernel = paged_attention_decode_tc_kernel<D>;
+  // Threads a block of it can have with its register count (e.g. 512 may not fit).
+  static const int max_threads = [&] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : 0;
+  }();
+  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > max_threads) return false;
+  const int64_t smem = tc_smem_bytes(D, static_cast<int>(threads / 32), params.partition_size);
+  if (smem > max_smem_per_block(device)) return false;
+  if (smem > 48 * 1024)  // above the default limit a kernel must opt in (per device, cheap)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(
+      out, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
+      static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+      static_cast<const int*>(seq_lens.data_ptr()), params);
+  return true;
 }
 
 }  // namespace
@@ -96,13 +129,18 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     T* out_ptr = static_cast<T*>(out.data_ptr());
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
+      const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
+                      static_cast<unsigned>(a.num_partitions));
+      const unsigned threads = static_cast<unsigned>(num_threads);
+      if constexpr (std::is_same_v<T, __half>) {
+        if (launch_tc<D>(params, grid, threads, stream, query.get_device_index(), out_ptr, part_out, part_max,
+                         part_sum, query, kv_cache, block_table, seq_lens))
+          return;
+      }
       dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
         constexpr int HPB = decltype(hpb_tag)::value;
         constexpr bool EXACT = decltype(exact_tag)::value;
-        const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
-                        static_cast<unsigned>(a.num_partitions));
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(partition_size, D);
-        const unsigned threads = static_cast<unsigned>(num_threads);
         paged_attention_decode_kernel<T, D, HPB, EXACT><<<grid, threads, smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
             static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),

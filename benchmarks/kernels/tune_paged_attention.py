@@ -28,7 +28,7 @@ from benchmarks.kernels.benchmark_paged_attention import (add_shape_args, bytes_
 from benchmarks.utils import device_info, log, parse_dtype, run_and_emit  # noqa: E402
 from vllm_volta.kernel_configs import write_kernel_config  # noqa: E402
 
-BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # 1024: max_num_seqs on >= 70 GiB GPUs
 PARTITION_SIZES = (32, 64, 128, 256, 512, 1024)
 NUM_THREADS = (64, 128, 256, 512)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from test_v100.worker.tiny_models import tiny_model_dir
-from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.arg_utils import EngineArgs, default_batch_limits
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +19,38 @@ def test_create_engine_config_defaults(model_dir):
     sc, cc, mc = cfg.scheduler_config, cfg.cache_config, cfg.model_config
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert cfg.device_config.device == device
-    assert sc.max_num_seqs == {"cuda": 256, "cpu": 128}[device]
-    assert sc.max_num_batched_tokens == {"cuda": 8192, "cpu": 2048}[device]
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == default_batch_limits(device)
+    if device == "cpu":
+        assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (128, 2048)
     assert sc.max_model_len == mc.max_model_len == 512 and sc.enable_chunked_prefill
     assert cc.block_size == 16 and cc.enable_prefix_caching and cc.gpu_memory_utilization == 0.9
     assert mc.seed == 0 and not mc.enforce_eager
+
+
+class _FakeGpu:
+    def __init__(self, name, gib):
+        self.name, self.bytes = name, int(gib * 1024**3)
+
+    def get_device_name(self, device_id=0):
+        return self.name
+
+    def get_device_total_memory(self, device_id=0):
+        return self.bytes
+
+
+@pytest.mark.parametrize("name,gib,expected", [
+    ("Tesla V100-SXM2-16GB", 15.77, (256, 8192)),
+    ("Tesla V100-SXM2-32GB", 31.7, (256, 8192)),
+    ("Tesla T4", 14.6, (256, 8192)),
+    ("NVIDIA A100-SXM4-80GB", 79.2, (256, 8192)),  # vLLM: the larger budget is slower there
+    ("NVIDIA H100 80GB HBM3", 79.1, (1024, 16384)),
+    ("NVIDIA H200", 139.8, (1024, 16384)),
+])
+def test_gpu_batch_defaults_follow_vllm(monkeypatch, name, gib, expected):
+    import vllm_volta.platforms as platforms
+    monkeypatch.setattr(platforms, "current_platform", _FakeGpu(name, gib), raising=False)
+    assert default_batch_limits("cuda") == expected
+    assert default_batch_limits("cpu") == (128, 2048)
 
 
 def test_explicit_values_flow_through(model_dir):

@@ -76,6 +76,10 @@ class CudaPlatform(Platform):
     def get_device_name(self, device_id: int = 0) -> str:
         return _physical_name(device_id)
 
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        _require_cuda()
+        return torch.cuda.get_device_properties(device_id).total_memory
+
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
         # BF16 arithmetic and tensor cores arrive with SM80.

@@ -100,6 +100,10 @@ class Platform:
     def get_device_name(self, device_id: int = 0) -> str:
         raise NotImplementedError
 
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        """Bytes of memory the device has."""
+        raise NotImplementedError
+
     def has_device_capability(
         self, capability: tuple[int, int] | int | DeviceCapability, device_id: int = 0
     ) -> bool:

@@ -1,0 +1,202 @@
+// Paged-attention decode on tensor cores (device code only), FP16: the same contract, grid
+// and partition scratch as paged_attention_decode_kernel (paged_attention.cuh), with both
+// products done by WMMA m8n32k16 (FP16 inputs, FP32 accumulation; SM70 and newer):
+//  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
+//     flight at once) and computes the 8 x 32 block of scores Q (8 query heads, rows past
+//     hpb zero) x K^T, stored as FP32 [8][partition];
+//  2. softmax over the partition (one warp per head);
+//  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 and
+//     accumulates P x V into 8 x D FP32 fragments; the warps' partial outputs are summed in
+//     shared memory.
+// No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
+// softmax, which is what keeps the kernel memory-bound.
+#pragma once
+
+#include <mma.h>
+
+#include "kernels/paged_attention.cuh"
+
+namespace vllm_volta {
+
+constexpr int kTcTile = 32;  // context tokens per warp tile (N of the score MMA)
+constexpr int kTcRows = 8;   // query rows of the MMA (M): the block's heads, hpb <= 8
+
+__host__ __device__ constexpr int tc_stage_stride(int d) { return d + 8; }  // halves; shifts banks
+
+// Dynamic shared memory of paged_attention_decode_tc_kernel<D> with `warps` warps.
+__host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partition_size) {
+  return 2LL * kTcRows * d                               // queries [8][D] half
+         + 4LL * kTcRows * partition_size                // scores / exps [8][P] float
+         + 2LL * warps * kTcTile * tc_stage_stride(d)    // per-warp K/V tile [32][D + 8] half
+         + 2LL * warps * kTcRows * kTcTile               // per-warp probabilities [8][32] half
+         + 4LL * 2 * kTcRows;                            // max, sum per head
+}
+
+template <int D>
+__global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float* __restrict__ part_out,
+                                                 float* __restrict__ part_max, float* __restrict__ part_sum,
+                                                 const __half* __restrict__ query,
+                                                 const __half* __restrict__ kv_cache,
+                                                 const int* __restrict__ block_table,
+                                                 const int* __restrict__ seq_lens, PagedDecodeParams p) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int LDS = tc_stage_stride(D);
+  constexpr int VR = D / 8;  // 16-byte vectors per row
+  static_assert(D % 32 == 0, "head size must be a multiple of 32");
+  const int seq = blockIdx.y;
+  const int start = blockIdx.z * p.partition_size;
+  const int seq_len = seq_lens[seq];
+  if (start >= seq_len) return;
+  const int n = min(p.partition_size, seq_len - start);
+  const int hpb = p.heads_per_block;
+  const int head0 = blockIdx.x * hpb;
+  const int kv_head = head0 / (p.num_heads / p.num_kv_heads);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int num_warps = blockDim.x / 32;
+  const int P = p.partition_size;
+
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  __half* q_s = reinterpret_cast<__half*>(tc_smem);
+  float* scores = reinterpret_cast<float*>(q_s + kTcRows * D);
+  __half* stage_all = reinterpret_cast<__half*>(scores + kTcRows * P);
+  __half* probs_all = stage_all + num_warps * kTcTile * LDS;
+  float* s_max = reinterpret_cast<float*>(probs_all + num_warps * kTcRows * kTcTile);
+  float* s_sum = s_max + kTcRows;
+  __half* stage = stage_all + warp * kTcTile * LDS;
+  __half* probs = probs_all + warp * kTcRows * kTcTile;
+
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int idx = threadIdx.x; idx < kTcRows * VR; idx += blockDim.x) {
+    const int h = idx / VR, c = idx % VR;
+    uint4 v = zero;
+    if (h < hpb) v = *reinterpret_cast<const uint4*>(query + seq * p.q_stride + static_cast<int64_t>(head0 + h) * D + c * 8);
+    *reinterpret_cast<uint4*>(q_s + h * D + c * 8) = v;
+  }
+
+  const int* bt = block_table + seq * p.bt_stride;
+  const int64_t token_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  const __half* k_base = kv_cache + kv_head * D;
+  const __half* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
+
+  // Rows i0 .. i0 + 31 of one cache half, as this lane's VR 16-byte vectors of the tile
+  // (rows past n: zeros). Lane l finds the cache slot of row l and shares it.
+  auto load_rows = [&](uint4 (&vals)[VR], const __half* half_base, int i0) {
+    const int i = i0 + lane;
+    int slot = -1;
+    if (i < n) {
+      const int t = start + i;
+      slot = bt[t / p.block_size] * p.block_size + t % p.block_size;
+    }
+#pragma unroll
+    for (int r = 0; r < VR; ++r) {
+      const int v = lane + 32 * r;
+      const int s = __shfl_sync(0xffffffffu, slot, v / VR);
+      vals[r] = s >= 0 ? *reinterpret_cast<const uint4*>(half_base + s * token_stride + (v % VR) * 8) : zero;
+    }
+  };
+  auto store_rows = [&](const uint4 (&vals)[VR]) {
+#pragma unroll
+    for (int r = 0; r < VR; ++r) {
+      const int v = lane + 32 * r;
+      *reinterpret_cast<uint4*>(stage + (v / VR) * LDS + (v % VR) * 8) = vals[r];
+    }
+  };
+  __syncthreads();  // queries staged
+
+  // ---- 1. scores = Q K^T (unscaled), [8][P] ----
+  // Both loops are software-pipelined: the next tile's loads are issued as soon as this
+  // tile is in shared memory, so they are in flight during the MMAs.
+  const int num_tiles = (n + kTcTile - 1) / kTcTile;
+  uint4 vals[VR];
+  if (warp < num_tiles) load_rows(vals, k_base, warp * kTcTile);
+  for (int tile = warp; tile < num_tiles; tile += num_warps) {
+    store_rows(vals);
+    __syncwarp();
+    if (tile + num_warps < num_tiles) load_rows(vals, k_base, (tile + num_warps) * kTcTile);
+    wmma::fragment<wmma::accumulator, kTcRows, kTcTile, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> a;
+      wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::col_major> b;
+      wmma::load_matrix_sync(a, q_s + k * 16, D);
+      wmma::load_matrix_sync(b, stage + k * 16, LDS);
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(scores + tile * kTcTile, acc, P, wmma::mem_row_major);
+    __syncwarp();  // the tile is restaged next iteration
+  }
+  if (warp < num_tiles) load_rows(vals, v_base, warp * kTcTile);  // in flight during the softmax
+  __syncthreads();
+
+  // ---- 2. softmax over the partition: one warp per head; exps replace the scores ----
+  for (int h = warp; h < hpb; h += num_warps) {
+    float* s = scores + h * P;
+    float m = kNegLargest;
+    for (int i = lane; i < n; i += 32) m = fmaxf(m, s[i] * p.scale);
+    m = warp_max(m);
+    float sum = 0.f;
+    for (int i = lane; i < n; i += 32) {
+      const float e = __expf(s[i] * p.scale - m);
+      s[i] = e;
+      sum += e;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      s_max[h] = m;
+      s_sum[h] = sum;
+    }
+  }
+  __syncthreads();
+
+  // ---- 3. out = P V: [8][D] per warp, then summed over the warps ----
+  wmma::fragment<wmma::accumulator, kTcRows, kTcTile, 16, float> o[D / kTcTile];
+#pragma unroll
+  for (int c = 0; c < D / kTcTile; ++c) wmma::fill_fragment(o[c], 0.f);
+  for (int tile = warp; tile < num_tiles; tile += num_warps) {
+    store_rows(vals);
+    if (tile + num_warps < num_tiles) load_rows(vals, v_base, (tile + num_warps) * kTcTile);
+    for (int idx = lane; idx < kTcRows * kTcTile; idx += 32) {
+      const int h = idx / kTcTile, i = tile * kTcTile + idx % kTcTile;
+      probs[idx] = __float2half(h < hpb && i < n ? scores[h * P + i] : 0.f);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kTcTile / 16; ++k) {
+      wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> a;
+      wmma::load_matrix_sync(a, probs + k * 16, kTcTile);
+#pragma unroll
+      for (int c = 0; c < D / kTcTile; ++c) {
+        wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::row_major> b;
+        wmma::load_matrix_sync(b, stage + k * 16 * LDS + c * kTcTile, LDS);
+        wmma::mma_sync(o[c], a, b, o[c]);
+      }
+    }
+    __syncwarp();
+  }
+  __syncthreads();  // every warp is done with its tile: reuse the tiles for [warps][8][D]
+  float* red = reinterpret_cast<float*>(stage_all);
+#pragma unroll
+  for (int c = 0; c < D / kTcTile; ++c)
+    wmma::store_matrix_sync(red + warp * kTcRows * D + c * kTcTile, o[c], D, wmma::mem_row_major);
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < hpb * D; idx += blockDim.x) {
+    float o_sum = 0.f;
+    for (int w = 0; w < num_warps; ++w) o_sum += red[w * kTcRows * D + idx];
+    const int h = idx / D;
+    if (p.num_partitions == 1) {
+      out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] = __float2half(o_sum / s_sum[h]);
+    } else {
+      const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + blockIdx.z;
+      part_out[row * D + idx % D] = o_sum;
+      if (idx % D == 0) {
+        part_max[row] = s_max[h];
+        part_sum[row] = s_sum[h];
+      }
+    }
+  }
+}
+
+}  // namespace vllm_volta
