@@ -19,6 +19,7 @@ _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--max-model-len", "max_model_len", {"type": int, "default": None}),
     ("--gpu-memory-utilization", "gpu_memory_utilization", {"type": float, "default": None}),
     ("--enforce-eager", "enforce_eager", {"action": "store_true"}),
+    ("--async-scheduling", "async_scheduling", {"action": "store_true"}),
     ("--tokenizer", "tokenizer", {"default": None}),
 ]
 

@@ -217,6 +217,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # Decode batch sizes captured as CUDA graphs; None -> the default list.
     cuda_graph_sizes: list[int] | None = None
+    # Schedule step n+1 while step n runs on the device (its sampled tokens are fed to
+    # step n+1 on the device); the host's work overlaps the GPU's.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs",

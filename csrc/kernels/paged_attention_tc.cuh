@@ -8,7 +8,7 @@
 //  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 and
 //     accumulates P x V into 8 x D FP32 fragments; the warps' partial outputs are summed in
 //     shared memory.
-// No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
+// Row strides are padded against bank conflicts. No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
 // softmax, which is what keeps the kernel memory-bound.
 #pragma once
 
@@ -21,15 +21,19 @@ namespace vllm_volta {
 constexpr int kTcTile = 32;  // context tokens per warp tile (N of the score MMA)
 constexpr int kTcRows = 8;   // query rows of the MMA (M): the block's heads, hpb <= 8
 
-__host__ __device__ constexpr int tc_stage_stride(int d) { return d + 8; }  // halves; shifts banks
+// Row strides padded past a multiple of 32 banks, so the rows of an MMA fragment do not
+// all fall on the same shared-memory banks.
+__host__ __device__ constexpr int tc_stage_stride(int d) { return d + 8; }       // K/V tile, halves
+__host__ __device__ constexpr int tc_score_stride(int p) { return p + 8; }       // scores, floats
+constexpr int kTcProbStride = kTcTile + 8;                                        // probabilities, halves
 
 // Dynamic shared memory of paged_attention_decode_tc_kernel<D> with `warps` warps.
 __host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partition_size) {
-  return 2LL * kTcRows * d                               // queries [8][D] half
-         + 4LL * kTcRows * partition_size                // scores / exps [8][P] float
-         + 2LL * warps * kTcTile * tc_stage_stride(d)    // per-warp K/V tile [32][D + 8] half
-         + 2LL * warps * kTcRows * kTcTile               // per-warp probabilities [8][32] half
-         + 4LL * 2 * kTcRows;                            // max, sum per head
+  return 2LL * kTcRows * d                                   // queries [8][D] half
+         + 4LL * kTcRows * tc_score_stride(partition_size)   // scores / exps [8][P + 8] float
+         + 2LL * warps * kTcTile * tc_stage_stride(d)        // per-warp K/V tile [32][D + 8] half
+         + 2LL * warps * kTcRows * kTcProbStride             // per-warp probabilities [8][40] half
+         + 4LL * 2 * kTcRows;                                // max, sum per head
 }
 
 template <int D>
@@ -54,17 +58,17 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int num_warps = blockDim.x / 32;
-  const int P = p.partition_size;
+  const int SP = tc_score_stride(p.partition_size);
 
   extern __shared__ __align__(128) unsigned char tc_smem[];
   __half* q_s = reinterpret_cast<__half*>(tc_smem);
   float* scores = reinterpret_cast<float*>(q_s + kTcRows * D);
-  __half* stage_all = reinterpret_cast<__half*>(scores + kTcRows * P);
+  __half* stage_all = reinterpret_cast<__half*>(scores + kTcRows * SP);
   __half* probs_all = stage_all + num_warps * kTcTile * LDS;
-  float* s_max = reinterpret_cast<float*>(probs_all + num_warps * kTcRows * kTcTile);
+  float* s_max = reinterpret_cast<float*>(probs_all + num_warps * kTcRows * kTcProbStride);
   float* s_sum = s_max + kTcRows;
   __half* stage = stage_all + warp * kTcTile * LDS;
-  __half* probs = probs_all + warp * kTcRows * kTcTile;
+  __half* probs = probs_all + warp * kTcRows * kTcProbStride;
 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int idx = threadIdx.x; idx < kTcRows * VR; idx += blockDim.x) {
@@ -124,7 +128,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
       wmma::load_matrix_sync(b, stage + k * 16, LDS);
       wmma::mma_sync(acc, a, b, acc);
     }
-    wmma::store_matrix_sync(scores + tile * kTcTile, acc, P, wmma::mem_row_major);
+    wmma::store_matrix_sync(scores + tile * kTcTile, acc, SP, wmma::mem_row_major);
     __syncwarp();  // the tile is restaged next iteration
   }
   if (warp < num_tiles) load_rows(vals, v_base, warp * kTcTile);  // in flight during the softmax
@@ -132,7 +136,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
 
   // ---- 2. softmax over the partition: one warp per head; exps replace the scores ----
   for (int h = warp; h < hpb; h += num_warps) {
-    float* s = scores + h * P;
+    float* s = scores + h * SP;
     float m = kNegLargest;
     for (int i = lane; i < n; i += 32) m = fmaxf(m, s[i] * p.scale);
     m = warp_max(m);
@@ -158,14 +162,14 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     store_rows(vals);
     if (tile + num_warps < num_tiles) load_rows(vals, v_base, (tile + num_warps) * kTcTile);
     for (int idx = lane; idx < kTcRows * kTcTile; idx += 32) {
-      const int h = idx / kTcTile, i = tile * kTcTile + idx % kTcTile;
-      probs[idx] = __float2half(h < hpb && i < n ? scores[h * P + i] : 0.f);
+      const int h = idx / kTcTile, t = idx % kTcTile, i = tile * kTcTile + t;
+      probs[h * kTcProbStride + t] = __float2half(h < hpb && i < n ? scores[h * SP + i] : 0.f);
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kTcTile / 16; ++k) {
       wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> a;
-      wmma::load_matrix_sync(a, probs + k * 16, kTcTile);
+      wmma::load_matrix_sync(a, probs + k * 16, kTcProbStride);
 #pragma unroll
       for (int c = 0; c < D / kTcTile; ++c) {
         wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::row_major> b;

@@ -223,11 +223,11 @@ def test_failed_step_leaves_no_stale_prefix_cache(tiny):
     class FailOnce(UniProcExecutor):
         fail = True
 
-        def execute_model(self, scheduler_output):
+        def execute_model_async(self, scheduler_output):
             if FailOnce.fail and scheduler_output.scheduled:
                 FailOnce.fail = False
                 raise RuntimeError("injected failure")
-            return super().execute_model(scheduler_output)
+            return super().execute_model_async(scheduler_output)
 
     path, hf_model = tiny["llama"]
     engine = LLMEngine(EngineArgs(model=str(path), skip_tokenizer_init=True,

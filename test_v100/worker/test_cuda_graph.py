@@ -22,7 +22,9 @@ def test_default_capture_sizes():
     assert default_capture_sizes(20) == [1, 2, 4, 8, 16]
     assert default_capture_sizes(256)[:6] == [1, 2, 4, 8, 16, 24]
     assert default_capture_sizes(256)[-1] == 256
-    assert default_capture_sizes(1024)[-1] == 512  # capped
+    assert default_capture_sizes(300)[-4:] == [248, 256, 272, 288]  # steps of 16 from 256
+    assert default_capture_sizes(1024)[-1] == 1024
+    assert default_capture_sizes(4096)[-1] == 1024  # capped
     assert default_capture_sizes(64, requested=[3, 1, 100, 3]) == [1, 3]
 
 

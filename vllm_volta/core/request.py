@@ -73,6 +73,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled on the device by a step still in flight (async scheduling), not yet
+        # in output_token_ids; num_computed_tokens already counts the step's inputs.
+        self.num_pending = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 = not yet
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None

@@ -32,7 +32,9 @@ class ScheduledRequest:
     block_ids: list[int]
     # This step reaches the end of the known tokens, so a token is sampled.
     samples: bool
-    token_ids: list[int]  # the tokens this step runs (self-contained for remote workers)
+    # The tokens this step runs (self-contained for remote workers). PENDING_TOKEN marks
+    # a token the previous step sampled that is still on the device (async scheduling).
+    token_ids: list[int]
 
     @property
     def req_id(self) -> str:
@@ -42,9 +44,13 @@ class ScheduledRequest:
     def make(cls, request: Request, num_new_tokens: int, num_computed_tokens: int,
              block_ids: list[int]) -> ScheduledRequest:
         end = num_computed_tokens + num_new_tokens
+        tokens = request.all_token_ids[num_computed_tokens:end]
+        tokens += [PENDING_TOKEN] * (num_new_tokens - len(tokens))
         return cls(request, num_new_tokens, num_computed_tokens, block_ids,
-                   samples=end == request.num_tokens,
-                   token_ids=request.all_token_ids[num_computed_tokens:end])
+                   samples=end == request.num_tokens + request.num_pending, token_ids=tokens)
+
+
+PENDING_TOKEN = -1  # token ids are validated non-negative
 
 
 @dataclass
@@ -56,6 +62,14 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     # Requests finished with an error by the scheduler this step (e.g. cannot ever fit).
     errored: list[Request] = field(default_factory=list)
+
+
+def stops_on_length(request: Request, max_model_len: int) -> bool:
+    """Whether the request's pending tokens, once appended, finish it by length (so it
+    needs no further step)."""
+    num_pending = request.num_pending
+    return (len(request.output_token_ids) + num_pending >= request.max_tokens
+            or len(request.all_token_ids) + num_pending >= max_model_len)
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
@@ -144,7 +158,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_pending and stops_on_length(request, self.max_model_len):
+                i += 1  # the token in flight ends it
+                continue
+            num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens,
+                          budget)
             while kv.allocate_slots(request, num_new) is None:
                 victim = self.running.pop()  # lowest priority = admitted last
                 self._preempt(victim)
@@ -159,6 +177,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_pending:
+                break  # preempted with a token in flight: rejoin once it has arrived
             if not kv.can_ever_fit(request.num_tokens):
                 self._finish_unfittable(out, request)
                 continue
@@ -182,14 +202,24 @@ class Scheduler:
         return out
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        """Add the request's share of the step and advance it: its computed tokens count
+        the step's inputs from now on, and a sampled token is pending until the step's
+        output is applied (update_from_output) or rolled back (step_failed)."""
         # ScheduledRequest.make, inlined: this runs once per request per step.
         start = request.num_computed_tokens
         end = start + num_new
         tokens = request.all_token_ids
+        num_known = len(tokens)
+        samples = end == num_known + request.num_pending
+        step_tokens = tokens[start:end]
+        if end > num_known:
+            step_tokens += [PENDING_TOKEN] * (end - max(start, num_known))
         out.scheduled.append(ScheduledRequest(
             request, num_new, start, self.kv_cache_manager.get_block_ids(request.request_id),
-            end == len(tokens), tokens[start:end]))
+            samples, step_tokens))
         out.total_num_scheduled_tokens += num_new
+        request.num_computed_tokens = end
+        request.num_pending += samples
 
     def _preempt(self, request: Request) -> None:
         # Recompute-style preemption: drop the KV, keep the tokens, requeue at the front.
@@ -213,10 +243,14 @@ class Scheduler:
 
     def step_failed(self, out: SchedulerOutput) -> None:
         """The step of `out` raised: its KV was not (fully) written, so blocks registered
-        for prefix caching at scheduling time must not be shared. Requests stay as they
-        were (not advanced); the caller decides whether to retry or abort them."""
+        for prefix caching at scheduling time must not be shared. Requests go back to
+        where they were before the step; the caller decides whether to retry or abort them."""
         for sched in out.scheduled:
-            self.kv_cache_manager.uncache_uncomputed(sched.request, sched.num_computed_tokens)
+            request = sched.request
+            request.num_pending -= sched.samples
+            if request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens = sched.num_computed_tokens
+            self.kv_cache_manager.uncache_uncomputed(request, sched.num_computed_tokens)
 
     # ---- results ------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput,
@@ -228,14 +262,18 @@ class Scheduler:
         """
         advanced: list[Request] = []
         finished: list[str] = []
-        running = RequestStatus.RUNNING
         max_model_len = self.max_model_len
         get_sampled = sampled_token_ids.get
+        is_finished = RequestStatus.is_finished
         for sched in out.scheduled:
+            if not sched.samples:
+                continue
             request = sched.request
-            if request.status != running:
-                continue  # aborted while the step ran
-            request.num_computed_tokens += sched.num_new_tokens
+            request.num_pending -= 1
+            if is_finished(request.status):
+                continue  # aborted or stopped while the step ran
+            # A request preempted meanwhile keeps its token: it was sampled from the full
+            # context, and the recompute will include it.
             new_ids = get_sampled(request.request_id)
             if not new_ids:
                 continue

@@ -44,6 +44,8 @@ _HELP = {
     "max_num_seqs": "max sequences per step",
     "max_num_batched_tokens": "max tokens per step (the token budget)",
     "enforce_eager": "disable CUDA graphs",
+    "async_scheduling": "schedule the next step while the current one runs on the GPU (hides "
+                        "the host's per-step work; outputs come one step later)",
     "tensor_parallel_size": "number of GPUs to split the model over (tensor parallelism)",
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
     "max_seq_len_to_capture": "longest context a CUDA-graph decode step may have (else eager)",
@@ -80,6 +82,7 @@ class EngineArgs:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
     # Execution
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
@@ -93,6 +96,9 @@ class EngineArgs:
         """Validate everything and resolve model/hardware-dependent values."""
         # Cheap checks first: a bad parallel size should not wait for a model download.
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        if self.async_scheduling and parallel_config.world_size > 1:
+            raise ValueError("async_scheduling supports tensor_parallel_size=1 only, got "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
         device_config = DeviceConfig(self.device)
         cache_config = CacheConfig(
             block_size=self.block_size,
@@ -123,6 +129,7 @@ class EngineArgs:
             max_model_len=model_config.max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             cuda_graph_sizes=self.cuda_graph_sizes,
+            async_scheduling=self.async_scheduling,
         )
         return VllmConfig(model_config=model_config, cache_config=cache_config,
                           scheduler_config=scheduler_config, parallel_config=parallel_config,

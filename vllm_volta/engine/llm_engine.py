@@ -15,12 +15,13 @@ from typing import Any
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.request import Request, RequestStatus
 from vllm_volta.core.request_group import RequestGroup
-from vllm_volta.core.scheduler import Scheduler
+from vllm_volta.core.scheduler import Scheduler, SchedulerOutput
 from vllm_volta.core.stats import EngineStats, StatLogger
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.worker.model_runner import PendingOutput
 
 __all__ = ["EngineStats", "LLMEngine"]
 
@@ -61,6 +62,9 @@ class LLMEngine:
             self._decode_token = token_decoder(self.tokenizer)
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        # Async scheduling: the launched step whose tokens are not applied yet.
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -181,20 +185,60 @@ class LLMEngine:
 
         `finished_only=True` builds outputs only for requests that finished (offline
         generation needs nothing else, and skipping the rest saves host time per step).
+
+        With async scheduling a step is launched and the outputs returned are those of the
+        step before it, which ran on the device meanwhile. When a request with a token in
+        flight samples from its token history (penalties, unmet min_tokens), that token is
+        applied first and the call returns its outputs without launching.
         """
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None and not self._can_overlap():
+            return self._finish_step(*in_flight, finished_only)
         sched_out = self.scheduler.schedule()
-        try:
-            runner_out = self.executor.execute_model(sched_out)
-        except BaseException:
-            self.scheduler.step_failed(sched_out)
-            raise
         now = time.time()
         groups = self._groups
         for s in sched_out.scheduled:
             if not s.request.output_token_ids:  # only a request without output can be new
                 groups[s.request.parent_id].mark_scheduled(now)
+        try:
+            launched = self.executor.execute_model_async(sched_out)
+        except BaseException:
+            self.scheduler.step_failed(sched_out)
+            self._in_flight = in_flight
+            raise
+        if not self.async_scheduling:
+            return self._finish_step(sched_out, launched, finished_only)
+        self._in_flight = (sched_out, launched)
+        return [] if in_flight is None else self._finish_step(*in_flight, finished_only)
+
+    def _can_overlap(self) -> bool:
+        for request in self.scheduler.running:
+            if request.num_pending:
+                params = request.sampling_params
+                if (params.presence_penalty or params.frequency_penalty
+                        or params.repetition_penalty != 1.0
+                        or len(request.output_token_ids) < params.min_tokens):
+                    return False
+        return True
+
+    def _finish_step(self, sched_out: SchedulerOutput, launched: PendingOutput,
+                     finished_only: bool) -> list[RequestOutput]:
+        """Apply a launched step's sampled tokens: stop rules, outputs."""
+        try:
+            runner_out = launched.result()
+        except BaseException:
+            if self._in_flight is not None:  # it was fed this step's tokens
+                self.scheduler.step_failed(self._in_flight[0])
+                self._in_flight = None
+            self.scheduler.step_failed(sched_out)
+            raise
+        now = time.time()
+        groups = self._groups
+        requests = self.scheduler.requests
         for rid, chunk in runner_out.prompt_logprobs.items():
-            groups[self.scheduler.requests[rid].parent_id].add_prompt_logprobs(chunk)
+            request = requests.get(rid)
+            if request is not None:  # not aborted while the step ran
+                groups[request.parent_id].add_prompt_logprobs(chunk)
         sampled = runner_out.sampled_token_ids
         advanced = self.scheduler.update_from_output(sched_out, sampled)
         logprobs = runner_out.logprobs

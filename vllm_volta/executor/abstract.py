@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import SchedulerOutput
-from vllm_volta.worker.model_runner import ModelRunnerOutput
+from vllm_volta.worker.model_runner import ModelRunnerOutput, PendingOutput
 
 
 class Executor(ABC):
@@ -44,6 +44,11 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduled step; returns the sampled tokens (from the driver worker)."""
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Launch one step; its result() gives the output. Executors that cannot overlap
+        the host with the device finish the step here."""
+        return PendingOutput(self.execute_model(scheduler_output))
 
     def shutdown(self) -> None:
         """Release workers and device memory."""

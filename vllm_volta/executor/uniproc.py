@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.executor.abstract import Executor
-from vllm_volta.worker.model_runner import ModelRunnerOutput
+from vllm_volta.worker.model_runner import ModelRunnerOutput, PendingOutput
 from vllm_volta.worker.worker import Worker
 
 
@@ -19,9 +19,12 @@ class UniProcExecutor(Executor):
         self.worker.initialize_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(scheduler_output).result()
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
         if self.worker is None:
             raise RuntimeError("the engine has been shut down; build a new one")
-        return self.worker.execute_model(scheduler_output)
+        return self.worker.execute_model_async(scheduler_output)
 
     def shutdown(self) -> None:
         if self.worker is not None:

@@ -2,7 +2,7 @@
 
 Decode steps launch hundreds of small kernels whose launch overhead dominates at small
 batch sizes; replaying a captured graph removes it. One graph is captured per batch size
-in a list (1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs); a step with B decoding
+in a list (1, 2, 4, 8, 16, 24, ..., 248, 256, 272, ... up to max_num_seqs); a step with B decoding
 sequences replays the smallest graph >= B with the extra rows padded (no KV writes:
 slot -1, context of 1 token in the reserved null block 0).
 
@@ -30,10 +30,14 @@ logger = init_logger(__name__)
 
 
 def default_capture_sizes(max_num_seqs: int, requested: list[int] | None = None,
-                          cap: int = 512) -> list[int]:
-    """Batch sizes to capture: vLLM's 1, 2, 4 then multiples of 8, up to max_num_seqs."""
+                          cap: int = 1024) -> list[int]:
+    """Batch sizes to capture: vLLM's 1, 2, 4, multiples of 8 below 256, then of 16, up to
+    max_num_seqs (1024 at most: the largest default, on >= 70 GiB GPUs; an eager decode
+    step of that size spends milliseconds launching kernels)."""
     limit = min(max_num_seqs, cap)
-    sizes = requested if requested is not None else [1, 2, 4] + list(range(8, cap + 1, 8))
+    sizes = requested
+    if sizes is None:
+        sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, cap + 1, 16))
     return sorted({s for s in sizes if 1 <= s <= limit})
 
 

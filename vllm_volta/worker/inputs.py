@@ -34,7 +34,11 @@ class ModelInput:
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     tensor = torch.from_numpy(array)
-    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+    if device.type == "cpu":
+        return tensor
+    # Through pinned memory: a copy from pageable memory may wait for the device's queued
+    # work, which would undo the overlap of async scheduling.
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _align(n: int, multiple: int) -> int:

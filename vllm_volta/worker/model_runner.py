@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_volta.config import VllmConfig
-from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
+from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, SchedulerOutput
 from vllm_volta.logger import init_logger
 from vllm_volta.sample.logprobs import compute_prompt_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata, make_generator
@@ -39,6 +39,25 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
 
 
+@dataclass
+class PendingOutput:
+    """A launched step. With async scheduling its sampled token ids are still being copied
+    to the host (pinned buffer + event); result() waits for them and fills the output."""
+
+    output: ModelRunnerOutput
+    req_ids: list[str] = field(default_factory=list)
+    host_ids: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self.host_ids is not None:
+            self.ready.synchronize()
+            self.output.sampled_token_ids = {
+                rid: [token] for rid, token in zip(self.req_ids, self.host_ids.tolist())}
+            self.host_ids = None
+        return self.output
+
+
 class ModelRunner:
     """Holds the model and its KV caches; runs scheduled steps.
 
@@ -63,6 +82,11 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.sampling_cache = SamplingMetadataCache()
         self.graph_runner = None  # set by the worker when CUDA graphs are captured
+        # Async scheduling: the last step's sampled ids stay on the device, and the next
+        # step's PENDING_TOKEN inputs are copied from them (row of each request id).
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
 
     # ---- setup ------------------------------------------------------------------
     def load_model(self) -> None:
@@ -99,28 +123,53 @@ class ModelRunner:
         self.kv_caches = self.allocate_kv_caches(num_blocks)
 
     # ---- one step ---------------------------------------------------------------
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(scheduler_output).result()
+
+    @torch.inference_mode()
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Launch one step. The sampled ids reach the host when the result is asked for
+        (with async scheduling; otherwise they are there on return)."""
         if scheduler_output.finished_req_ids:
             # A finished id may come back as a new request with other params.
             self.sampling_cache.clear()
         for rid in scheduler_output.finished_req_ids:
             self.generators.pop(rid, None)
-        output = ModelRunnerOutput()
+        pending = PendingOutput(ModelRunnerOutput())
         scheduled = scheduler_output.scheduled
         if not scheduled:
-            return output
+            return pending
         inp = self._prepare_inputs(scheduled)
+        self._prev_rows = {}
         hidden = self._forward(inp)
-        self._prompt_logprobs(scheduled, inp, hidden, output)
+        self._prompt_logprobs(scheduled, inp, hidden, pending.output)
         if inp.sample_rows:
             logits = self.model.compute_logits(hidden[inp.logits_indices])
             if self.is_driver:
-                self._sample(scheduled, inp.sample_rows, logits, output)
-        return output
+                self._sample(scheduled, inp.sample_rows, logits, pending)
+        return pending
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
-        return prepare_inputs(scheduled, self.block_size, self.device)
+        inp = prepare_inputs(scheduled, self.block_size, self.device)
+        self._fill_pending_tokens(scheduled, inp)
+        return inp
+
+    def _fill_pending_tokens(self, scheduled: list[ScheduledRequest], inp: ModelInput) -> None:
+        """Input tokens the previous step sampled that the host has not seen (async
+        scheduling): copied on the device from that step's sampled ids."""
+        if not self._prev_rows:
+            return
+        rows = self._prev_rows
+        dst, src = [], []
+        for i, s in enumerate(scheduled):
+            if s.token_ids[-1] == PENDING_TOKEN:  # only a request's newest token can be
+                dst.append(int(inp.query_start_loc[i + 1]) - 1)
+                src.append(rows[s.request.request_id])
+        if dst:
+            index = torch.tensor([dst, src], dtype=torch.int64)
+            if self.device.type == "cuda":
+                index = index.pin_memory().to(self.device, non_blocking=True)
+            inp.input_ids[index[0]] = self._prev_sampled[index[1]]
 
     def _forward(self, inp: ModelInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
@@ -138,14 +187,25 @@ class ModelRunner:
         return gen
 
     def _sample(self, scheduled: list[ScheduledRequest], rows: list[int], logits: torch.Tensor,
-                output: ModelRunnerOutput) -> None:
+                pending: PendingOutput) -> None:
         reqs = [scheduled[i] for i in rows]
         metadata = self._sampling_metadata(reqs)
         result = self.sampler(logits, metadata)
-        sampled = result.sampled_token_ids.tolist()
         # s.request.request_id, not the req_id property: this runs per request per step.
-        output.sampled_token_ids = {s.request.request_id: [token]
-                                    for s, token in zip(reqs, sampled)}
+        req_ids = [s.request.request_id for s in reqs]
+        ids = result.sampled_token_ids
+        output = pending.output
+        if self.async_scheduling:
+            self._prev_sampled = ids
+            self._prev_rows = {rid: j for j, rid in enumerate(req_ids)}
+        if self.async_scheduling and ids.is_cuda:
+            pending.req_ids = req_ids
+            pending.host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            pending.host_ids.copy_(ids, non_blocking=True)
+            pending.ready = torch.cuda.Event()
+            pending.ready.record()
+        else:
+            output.sampled_token_ids = {rid: [token] for rid, token in zip(req_ids, ids.tolist())}
         if result.logprobs_tensors is not None:
             ids, lps, ranks = result.logprobs_tensors.tolists()
             for j, s in enumerate(reqs):

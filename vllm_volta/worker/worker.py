@@ -8,7 +8,7 @@ import torch
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.logger import init_logger
-from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput
+from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput, PendingOutput
 
 logger = init_logger(__name__)
 
@@ -147,3 +147,6 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        return self.model_runner.execute_model_async(scheduler_output)
