@@ -1,6 +1,6 @@
-"""AsyncLLM on a real tiny engine: concurrent requests batch correctly (vs transformers),
-excess requests queue, aborts free KV blocks, one bad request or a failed step never stops
-the loop, and shutdown is clean."""
+"""AsyncLLM on a real tiny engine, with and without async scheduling: concurrent requests
+batch correctly (vs transformers), excess requests queue, aborts free KV blocks, one bad
+request or a failed step never stops the loop, and shutdown is clean."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_async")))
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def engine(model_dir, request):
     args = EngineArgs(model=model_dir, max_model_len=128, max_num_seqs=MAX_NUM_SEQS,
-                      cpu_kvcache_space=0.01, seed=0)
+                      cpu_kvcache_space=0.01, seed=0, async_scheduling=request.param)
     return LLMEngine.from_engine_args(args)
 
 

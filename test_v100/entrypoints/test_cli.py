@@ -17,7 +17,7 @@ def test_vllm_flags_reach_engine_args():
         "--served-model-name", "my-model", "--dtype", "half", "--max-model-len", "2048",
         "--gpu-memory-utilization", "0.8", "--max-num-seqs", "32",
         "--max-num-batched-tokens", "4096", "--no-enable-prefix-caching", "--seed", "7",
-        "--enforce-eager", "--tensor-parallel-size", "1", "--load-format", "dummy",
+        "--enforce-eager", "--async-scheduling", "--tensor-parallel-size", "1", "--load-format", "dummy",
         "--tokenizer", "/models/tok", "--uvicorn-log-level", "warning",
         "--chat-template", "{{ messages }}"])
     assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8123, "k")
@@ -26,8 +26,8 @@ def test_vllm_flags_reach_engine_args():
     expected = dict(model="/models/m", served_model_name="my-model", dtype="half",
                     max_model_len=2048, gpu_memory_utilization=0.8, max_num_seqs=32,
                     max_num_batched_tokens=4096, enable_prefix_caching=False, seed=7,
-                    enforce_eager=True, tensor_parallel_size=1, load_format="dummy",
-                    tokenizer="/models/tok")
+                    enforce_eager=True, async_scheduling=True, tensor_parallel_size=1,
+                    load_format="dummy", tokenizer="/models/tok")
     assert {k: getattr(ea, k) for k in expected} == expected
 
 
