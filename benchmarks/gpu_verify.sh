@@ -57,11 +57,12 @@ do_e2e() {
   note "decode latency at batch 1, Llama-3-8B shape (roofline), both modes"
   python benchmarks/benchmark_modes.py --volta-tree "$volta" --benchmark latency \
     --config llama-3-8b --dtype half --batch-size 1 --input-len 128 --output-len 512 \
-    --num-iters 3 --num-iters-warmup 1 --roofline --output-json "$out/latency_modes.json" >/dev/null
+    --num-iters 3 --num-iters-warmup 1 --roofline --async-scheduling \
+    --output-json "$out/latency_modes.json" >/dev/null
   note "offline throughput, Qwen2.5-1.5B shape, 1000 x 512/256, both modes + transformers"
   python benchmarks/benchmark_modes.py --volta-tree "$volta" --benchmark throughput \
     --config qwen2.5-1.5b --dtype half --max-model-len 1024 --input-len 512 --output-len 256 \
-    --num-prompts 1000 --compare-hf --hf-batch-size 256 \
+    --num-prompts 1000 --compare-hf --hf-batch-size 256 --async-scheduling \
     --output-json "$out/throughput_modes.json" >/dev/null
 }
 
@@ -70,7 +71,7 @@ do_serving() {
     note "serving, 16 concurrent clients, $mode mode"
     local cmd=(python benchmarks/benchmark_serving.py --config qwen2.5-1.5b --dtype half
       --max-model-len 1024 --num-prompts 160 --input-len 512 --output-len 128
-      --max-concurrency 16 --ignore-eos --output-json "$out/serving_$mode.json")
+      --max-concurrency 16 --ignore-eos --async-scheduling --output-json "$out/serving_$mode.json")
     if [ $mode = volta ]; then in_volta "${cmd[@]}" >/dev/null; else "${cmd[@]}" >/dev/null; fi
   done
 }
