@@ -67,12 +67,15 @@ bool launch_tc(const PagedDecodeParams& params, dim3 grid, unsigned threads, cud
                __half* out, float* part_out, float* part_max, float* part_sum, const Tensor& query,
                const Tensor& kv_cache, const Tensor& block_table, const Tensor& seq_lens) {
   auto kernel = paged_attention_decode_tc_kernel<D>;
-  // Threads a block of it can have with its register count (e.g. 512 may not fit).
-  static const int max_threads = [&] {
+  // Threads a block of it can have with its register count (e.g. 512 may not fit), per
+  // device (its arch's code may differ); 0 = not asked yet.
+  static int max_threads[64] = {};
+  int& limit = max_threads[device % 64];
+  if (limit == 0) {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : 0;
-  }();
-  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > max_threads) return false;
+    limit = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
+  }
+  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > limit) return false;
   const int64_t smem = tc_smem_bytes(D, static_cast<int>(threads / 32), params.partition_size);
   if (smem > max_smem_per_block(device)) return false;
   if (smem > 48 * 1024)  // above the default limit a kernel must opt in (per device, cheap)

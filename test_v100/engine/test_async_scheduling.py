@@ -1,6 +1,6 @@
 """Async scheduling (step n+1 scheduled while step n runs): same tokens as the synchronous
 engine (itself checked against transformers in test_llm_engine.py) on CPU, for every stop
-rule, sampling mode, preemption and abort."""
+rule, sampling mode and abort (preemption: test_llm_engine.py, both modes)."""
 from __future__ import annotations
 
 import pytest
@@ -75,19 +75,6 @@ def test_history_samplers_wait_for_the_token_in_flight(tiny):
     sync, async_, _ = both(path, prompts, params)
     assert tokens(sync) == tokens(async_)
     assert len(tokens(async_)[2]) == 7  # min_tokens held the stop ids back for 6 tokens
-
-
-def test_preemption_with_tokens_in_flight(tiny):
-    path, _ = tiny["llama"]
-    prompts = random_prompts(6, 8, 20, seed=7)
-    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 5 + [
-        SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)]
-    reference = tokens(run(make_engine(path), prompts, params))
-    engine = make_engine(path, block_size=4, num_gpu_blocks_override=25, async_scheduling=True)
-    outs = run(engine, prompts, params)
-    assert engine.get_stats().num_preemptions_total > 0
-    assert tokens(outs) == reference
-    assert engine.get_stats().num_free_blocks == 24
 
 
 def test_next_step_is_launched_before_the_tokens_are_applied(tiny):

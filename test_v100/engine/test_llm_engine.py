@@ -89,14 +89,17 @@ def test_prefix_cache_hit_gives_identical_output(tiny):
     assert first[0].num_cached_tokens == 0
 
 
-def test_preempted_then_resumed_request_is_identical(tiny):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_preempted_then_resumed_request_is_identical(tiny, async_scheduling):
+    """With async scheduling, requests are also preempted with a token in flight."""
     path, _ = tiny["llama"]
     prompts = random_prompts(6, 8, 20, seed=7)
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 5 + [
         SamplingParams(temperature=1.0, seed=11, max_tokens=24, ignore_eos=True)]
     reference = tokens(run(make_engine(path), prompts, params))
     # 24 usable blocks of 4 tokens: not enough for 6 requests of up to 44 tokens each.
-    engine = make_engine(path, block_size=4, num_gpu_blocks_override=25)
+    engine = make_engine(path, block_size=4, num_gpu_blocks_override=25,
+                         async_scheduling=async_scheduling)
     outs = run(engine, prompts, params)
     assert engine.get_stats().num_preemptions_total > 0
     assert tokens(outs) == reference
