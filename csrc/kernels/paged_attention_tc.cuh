@@ -2,14 +2,15 @@
 // and partition scratch as paged_attention_decode_kernel (paged_attention.cuh), with both
 // products done by WMMA m8n32k16 (FP16 inputs, FP32 accumulation; SM70 and newer):
 //  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
-//     flight at once) and computes the 8 x 32 block of scores Q (8 query heads, rows past
-//     hpb zero) x K^T, stored as FP32 [8][partition];
+//     flight at once; the next tile's loads are issued before this tile's MMAs) and computes
+//     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero) x K^T, stored as FP32
+//     [8][partition];
 //  2. softmax over the partition (one warp per head);
 //  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 and
 //     accumulates P x V into 8 x D FP32 fragments; the warps' partial outputs are summed in
 //     shared memory.
-// Row strides are padded against bank conflicts. No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
-// softmax, which is what keeps the kernel memory-bound.
+// No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
+// softmax (the CUDA-core kernel was bound by issuing those instructions).
 #pragma once
 
 #include <mma.h>
