@@ -23,6 +23,11 @@ def finish(outputs):
     return [(o.outputs[0].finish_reason, o.outputs[0].stop_reason) for o in outputs]
 
 
+def logprob_rows(rows):
+    """Per position: token -> (logprob, rank); None rows (the first prompt token) kept."""
+    return [d and {t: (round(lp.logprob, 4), lp.rank) for t, lp in d.items()} for d in rows]
+
+
 def test_greedy_seeded_and_n_match_the_synchronous_engine(tiny):
     path, _ = tiny["llama"]
     prompts = random_prompts(7, 3, 40, seed=5)
@@ -38,9 +43,19 @@ def test_greedy_seeded_and_n_match_the_synchronous_engine(tiny):
     assert tokens(sync) == tokens(async_)
     assert finish(sync) == finish(async_)
     assert [len(t) for t in tokens(async_)] == [1, 2, 9, 17, 12, 6, 7]
-    sync_lp = [lp for lp in sync[-1].outputs[0].logprobs]
-    async_lp = [lp for lp in async_[-1].outputs[0].logprobs]
-    assert [sorted(d) for d in sync_lp] == [sorted(d) for d in async_lp]
+    assert logprob_rows(sync[-1].outputs[0].logprobs) == logprob_rows(async_[-1].outputs[0].logprobs)
+
+
+def test_prompt_logprobs_over_chunked_prefill_match(tiny):
+    path, _ = tiny["llama"]
+    prompts = random_prompts(3, 20, 40, seed=9)
+    params = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=6, prompt_logprobs=2,
+                            logprobs=1, ignore_eos=True)
+    sync, async_, _ = both(path, prompts, params, max_num_batched_tokens=16)
+    for a, b in zip(sync, async_):
+        assert [list(o.token_ids) for o in a.outputs] == [list(o.token_ids) for o in b.outputs]
+        assert len(b.prompt_logprobs) == len(b.prompt_token_ids)
+        assert logprob_rows(a.prompt_logprobs) == logprob_rows(b.prompt_logprobs)
 
 
 def test_stop_tokens_and_max_model_len_match(tiny):
