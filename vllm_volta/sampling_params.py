@@ -160,6 +160,17 @@ class SamplingParams:
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether sampling reads the output so far (presence/frequency/repetition)."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+    def reads_output_history(self, num_output_tokens: int) -> bool:
+        """Whether the next token's sampling depends on the tokens generated so far: penalties,
+        or min_tokens not yet reached (stop ids are masked)."""
+        return self.has_penalties or num_output_tokens < self.min_tokens
+
+    @property
     def all_stop_token_ids(self) -> set[int]:
         """stop_token_ids plus the model's eos ids (after update_from_tokenizer)."""
         return self._all_stop_token_ids

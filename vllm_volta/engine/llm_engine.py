@@ -212,14 +212,8 @@ class LLMEngine:
         return [] if in_flight is None else self._finish_step(*in_flight, finished_only)
 
     def _can_overlap(self) -> bool:
-        for request in self.scheduler.running:
-            if request.num_pending:
-                params = request.sampling_params
-                if (params.presence_penalty or params.frequency_penalty
-                        or params.repetition_penalty != 1.0
-                        or len(request.output_token_ids) < params.min_tokens):
-                    return False
-        return True
+        return not any(r.num_pending and r.sampling_params.reads_output_history(
+            len(r.output_token_ids)) for r in self.scheduler.running)
 
     def _finish_step(self, sched_out: SchedulerOutput, launched: PendingOutput,
                      finished_only: bool) -> list[RequestOutput]:

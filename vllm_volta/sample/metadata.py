@@ -93,9 +93,8 @@ class SamplingMetadata:
         device = torch.device(device)
         all_greedy = rows.num_greedy == num_rows
         all_random = rows.num_greedy == 0
-        temps, top_ps, min_ps, presences, frequencies, repetitions, _ = rows.floats
-        no_penalties = (not any(presences) and not any(frequencies)
-                        and all(r == 1.0 for r in repetitions))
+        _, top_ps, min_ps, _, _, repetitions, _ = rows.floats
+        no_penalties = not any(p.has_penalties for p in params)
         needs_table = not (all_greedy and no_penalties)
         # One host->device copy for all float parameters (none on the plain greedy path).
         table = (torch.tensor(rows.floats, dtype=torch.float32).to(device, non_blocking=True)
