@@ -7,10 +7,13 @@ are the LAST ``q_len`` positions of its ``seq_lens[i]``-token context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -26,6 +29,15 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: torch.Tensor  # [B + 1] int32, CPU
     seq_lens_cpu: torch.Tensor  # [B] int32, CPU
+    # Per-step values worked out by the first layer that needs them (step_cached).
+    _step_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def step_cached(self, name: str, build: Callable[[], _T]) -> _T:
+        """`build()` once per metadata object, shared by every layer of the step (so the
+        metadata must not be changed in place once a forward pass has used it)."""
+        if name not in self._step_cache:
+            self._step_cache[name] = build()
+        return self._step_cache[name]
 
     @property
     def num_seqs(self) -> int:

@@ -99,9 +99,7 @@ class TorchSDPAImpl(AttentionImplBase):
         """query [T, H*D] -> [T, H*D]; the new key/value are already in ``kv_cache``."""
         del key, value  # read back from the cache, which now holds the whole context
         md = attn_metadata
-        plan = getattr(md, "_torch_sdpa_plan", None)
-        if plan is None:  # first layer of this step
-            plan = md._torch_sdpa_plan = _build_plan(md, kv_cache.shape[2])
+        plan = md.step_cached("torch_sdpa", lambda: _build_plan(md, kv_cache.shape[2]))
         num_tokens = md.num_actual_tokens
         q = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         output = torch.zeros_like(query)

@@ -159,9 +159,7 @@ class VoltaPagedImpl(AttentionImplBase):
             # Pure decode, token i = sequence i: no host-side work (CUDA-graph capturable).
             self._decode(out, q, kv_cache, md.block_table, md.seq_lens, md.max_seq_len)
             return output
-        plan = getattr(md, "_volta_paged_plan", None)
-        if plan is None:  # first layer of this step
-            plan = md._volta_paged_plan = _build_plan(md, kv_cache.shape[2])
+        plan = md.step_cached("volta_paged", lambda: _build_plan(md, kv_cache.shape[2]))
         if plan.decode_seqs is not None:
             dec_out = torch.empty(plan.decode_seqs.shape[0], h, d, dtype=query.dtype, device=query.device)
             self._decode(dec_out, q[plan.decode_tokens], kv_cache, md.block_table[plan.decode_seqs],
