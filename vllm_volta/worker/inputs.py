@@ -32,13 +32,13 @@ class ModelInput:
         return self.attn_metadata.num_actual_tokens
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def _to_device(array: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
     tensor = torch.from_numpy(array)
     if device.type == "cpu":
         return tensor
-    # Through pinned memory: a copy from pageable memory may wait for the device's queued
-    # work, which would undo the overlap of async scheduling.
-    return tensor.pin_memory().to(device, non_blocking=True)
+    if pin:  # a copy from pageable memory may wait for the device's queued work
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def _align(n: int, multiple: int) -> int:
@@ -46,11 +46,13 @@ def _align(n: int, multiple: int) -> int:
 
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
-                   device: torch.device) -> ModelInput:
+                   device: torch.device, pin_memory: bool = False) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
     Every int64 input goes to the device in one copy and every int32 one in another
     (views of two packed buffers): each host->device copy costs host time per step.
+    `pin_memory` stages them in pinned memory, so that the copies never wait for the device
+    (async scheduling queues a step while the previous one runs).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -98,7 +100,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                        * block_size + positions % block_size)
     packed64[li_at:] = qsl[1:][sample_rows] - 1
 
-    dev64, dev32 = _to_device(packed64, device), _to_device(packed32, device)
+    dev64 = _to_device(packed64, device, pin_memory)
+    dev32 = _to_device(packed32, device, pin_memory)
     dev_table = dev64[:li_at].view(3, row)[:, :num_tokens]
     host32 = torch.from_numpy(packed32)
     attn_metadata = AttentionMetadata(

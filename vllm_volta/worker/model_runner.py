@@ -150,7 +150,8 @@ class ModelRunner:
         return pending
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
-        inp = prepare_inputs(scheduled, self.block_size, self.device)
+        inp = prepare_inputs(scheduled, self.block_size, self.device,
+                             pin_memory=self.async_scheduling)
         self._fill_pending_tokens(scheduled, inp)
         return inp
 
