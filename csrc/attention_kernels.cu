@@ -52,12 +52,14 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
   }
 }
 
-// Shared memory a block of `device` may opt in to.
-int max_smem_per_block(int device) {
-  int bytes = 0;
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return bytes;
-}
+// What a device allows paged_attention_decode_tc_kernel<D>, asked once per device (not per
+// launch): the threads a block can have with the kernel's register count (512 may not fit),
+// the shared memory a block may opt in to, and how much the kernel has opted in to so far.
+struct TcDeviceLimits {
+  int max_threads = 0;  // 0 = not asked yet; -1 = the kernel cannot run here
+  int max_smem = 0;
+  int64_t smem_opted_in = 48 * 1024;  // the default limit needs no opt-in
+};
 
 // FP16 runs on tensor cores when the partition is whole 32-token tiles and the block's
 // threads and shared memory fit the device; otherwise (and for FP32 / BF16) on the CUDA-core kernel.
@@ -67,19 +69,20 @@ bool launch_tc(const PagedDecodeParams& params, dim3 grid, unsigned threads, cud
                __half* out, float* part_out, float* part_max, float* part_sum, const Tensor& query,
                const Tensor& kv_cache, const Tensor& block_table, const Tensor& seq_lens) {
   auto kernel = paged_attention_decode_tc_kernel<D>;
-  // Threads a block of it can have with its register count (e.g. 512 may not fit), per
-  // device (its arch's code may differ); 0 = not asked yet.
-  static int max_threads[64] = {};
-  int& limit = max_threads[device % 64];
-  if (limit == 0) {
+  static TcDeviceLimits per_device[64];
+  TcDeviceLimits& limits = per_device[device % 64];
+  if (limits.max_threads == 0) {
     cudaFuncAttributes attr{};
-    limit = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
+    limits.max_threads = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
+    cudaDeviceGetAttribute(&limits.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
-  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > limit) return false;
+  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > limits.max_threads) return false;
   const int64_t smem = tc_smem_bytes(D, static_cast<int>(threads / 32), params.partition_size);
-  if (smem > max_smem_per_block(device)) return false;
-  if (smem > 48 * 1024)  // above the default limit a kernel must opt in (per device, cheap)
+  if (smem > limits.max_smem) return false;
+  if (smem > limits.smem_opted_in) {  // above the default limit a kernel must opt in, per device
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    limits.smem_opted_in = smem;
+  }
   kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(
       out, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
       static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
