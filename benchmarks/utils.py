@@ -77,6 +77,13 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def require_cuda(script: str) -> torch.device:
+    """The GPU a kernel benchmark runs on; a clear error without one."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{script} needs a CUDA GPU")
+    return torch.device("cuda")
+
+
 def random_token_prompts(num_prompts: int, input_len: int, vocab_size: int,
                          seed: int) -> list[list[int]]:
     """``num_prompts`` prompts of exactly ``input_len`` random token ids in [0, vocab_size)."""

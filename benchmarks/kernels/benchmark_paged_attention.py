@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch  # noqa: E402
 
 from benchmarks.kernels.kernel_timing import time_per_call_graphed  # noqa: E402
-from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, run_and_emit  # noqa: E402
+from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, require_cuda, run_and_emit  # noqa: E402
 from vllm_volta import _custom_ops as ops  # noqa: E402
 from vllm_volta.attention.backends.volta_paged import DEFAULT_LAUNCH_CONFIG  # noqa: E402
 
@@ -124,9 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if not torch.cuda.is_available():
-        raise RuntimeError("benchmark_paged_attention needs a CUDA GPU")
-    device = torch.device("cuda")
+    device = require_cuda("benchmark_paged_attention")
     copy_bw = measure_copy_bandwidth(device, args.copy_bytes)["bandwidth_bytes_per_s"]
     launch, source = launch_config(args)
     inputs = make_decode_inputs(args, args.batch_size, device)

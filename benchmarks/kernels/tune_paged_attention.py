@@ -21,11 +21,9 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
-
 from benchmarks.kernels.benchmark_paged_attention import (add_shape_args, bytes_per_call,  # noqa: E402
                                                           check_shape_args, make_decode_inputs, time_decode)
-from benchmarks.utils import device_info, log, parse_dtype, run_and_emit  # noqa: E402
+from benchmarks.utils import device_info, log, parse_dtype, require_cuda, run_and_emit  # noqa: E402
 from vllm_volta.kernel_configs import write_kernel_config  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # 1024: max_num_seqs on >= 70 GiB GPUs
@@ -47,9 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if not torch.cuda.is_available():
-        raise RuntimeError("tune_paged_attention needs a CUDA GPU")
-    device = torch.device("cuda")
+    device = require_cuda("tune_paged_attention")
     best: dict[int, dict[str, int]] = {}
     results = []
     for batch in args.batch_sizes:
