@@ -1,6 +1,7 @@
 // Host launcher for paged-attention decode (device code: kernels/paged_attention.cuh).
 // Launch parameters (partition_size, num_threads) come from the caller, which looks them
-// up in the tuned kernel configs (vllm_volta/kernel_configs.py).
+// up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 tensor-core path
+// may lengthen the partition to balance the grid's waves (plan_tc_launch).
 #include "attention_checks.h"
 #include "cuda_launch.h"
 #include "kernels/paged_attention_tc.cuh"
@@ -9,6 +10,8 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -52,42 +55,80 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
   }
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // What a device allows paged_attention_decode_tc_kernel<D>, asked once per device (not per
 // launch): the threads a block can have with the kernel's register count (512 may not fit),
-// the shared memory a block may opt in to, and how much the kernel has opted in to so far.
-struct TcDeviceLimits {
+// the shared memory a block may use (the kernel opts in to all of it at once) and the SMs;
+// then, per (threads, shared memory) asked, how many blocks are resident on an SM.
+struct TcDevice {
   int max_threads = 0;  // 0 = not asked yet; -1 = the kernel cannot run here
   int max_smem = 0;
-  int64_t smem_opted_in = 48 * 1024;  // the default limit needs no opt-in
+  int num_sms = 0;
+  std::map<std::pair<int64_t, int64_t>, int> resident;
 };
 
-// FP16 runs on tensor cores when the partition is whole 32-token tiles and the block's
-// threads and shared memory fit the device; otherwise (and for FP32 / BF16) on the CUDA-core kernel.
-// Returns false when it did not launch.
+// A block's fixed cost (queries, block-table reads, the first tile's latency, the epilogue)
+// in context tokens, for comparing launches that split the context differently.
+constexpr int64_t kTcBlockOverheadTokens = 64;
+
+struct TcLaunch {
+  int64_t smem = 0;  // 0: the tensor-core kernel cannot run this launch
+  int64_t partition_size = 0;
+  int64_t num_partitions = 0;
+};
+
+// The tensor-core launch for the tuned (partition_size, threads), or none when the partition
+// is not whole 32-token tiles or the block's threads or shared memory do not fit the device.
+// Wave balancing: the grid's blocks run in waves of (resident blocks per SM x SMs), and a
+// last wave that is mostly empty costs as much as a full one (e.g. 64 sequences x 4096
+// tokens with 1024-token partitions: 2048 blocks = 5.2 waves of 396 on an H200). So the
+// partition may grow, up to twice the tuned size, to the split with the least predicted
+// time: waves x (partition + fixed block cost). The tuned split wins ties; a grid of one
+// wave keeps it.
 template <int D>
-bool launch_tc(const PagedDecodeParams& params, dim3 grid, unsigned threads, cudaStream_t stream, int device,
-               __half* out, float* part_out, float* part_max, float* part_sum, const Tensor& query,
-               const Tensor& kv_cache, const Tensor& block_table, const Tensor& seq_lens) {
+TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
+                        int64_t threads, int64_t hpb) {
   auto kernel = paged_attention_decode_tc_kernel<D>;
-  static TcDeviceLimits per_device[64];
-  TcDeviceLimits& limits = per_device[device % 64];
-  if (limits.max_threads == 0) {
+  static std::mutex mutex;
+  static TcDevice per_device[64];
+  std::lock_guard<std::mutex> lock(mutex);
+  TcDevice& dev = per_device[device % 64];
+  if (dev.max_threads == 0) {
     cudaFuncAttributes attr{};
-    limits.max_threads = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
-    cudaDeviceGetAttribute(&limits.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    dev.max_threads = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
+    cudaDeviceGetAttribute(&dev.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&dev.num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem) != cudaSuccess)
+      dev.max_smem = 48 * 1024;  // the default limit needs no opt-in
   }
-  if (params.partition_size % kTcTile != 0 || static_cast<int>(threads) > limits.max_threads) return false;
-  const int64_t smem = tc_smem_bytes(D, static_cast<int>(threads / 32), params.partition_size);
-  if (smem > limits.max_smem) return false;
-  if (smem > limits.smem_opted_in) {  // above the default limit a kernel must opt in, per device
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    limits.smem_opted_in = smem;
+  if (partition_size % kTcTile != 0 || threads > dev.max_threads) return {};
+  auto resident = [&](int64_t smem) {
+    if (smem > dev.max_smem) return 0;
+    auto [it, added] = dev.resident.try_emplace({threads, smem}, 0);
+    if (added && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, static_cast<int>(threads),
+                                                               static_cast<size_t>(smem)) != cudaSuccess)
+      it->second = 0;
+    return it->second;
+  };
+  const int warps = static_cast<int>(threads / 32);
+  const int64_t tuned_parts = max_seq_len <= partition_size ? 1 : ceil_div(max_seq_len, partition_size);
+  TcLaunch best;
+  int64_t best_cost = 0;
+  for (int64_t parts = tuned_parts; parts >= std::max<int64_t>(ceil_div(tuned_parts, 2), tuned_parts - 15); --parts) {
+    const int64_t size = parts == tuned_parts ? partition_size : ceil_div(ceil_div(max_seq_len, parts), kTcTile) * kTcTile;
+    if (parts != tuned_parts && ceil_div(max_seq_len, size) != parts) continue;
+    const int64_t smem = tc_smem_bytes(D, warps, static_cast<int>(size), static_cast<int>(hpb));
+    const int per_sm = resident(smem);
+    if (per_sm == 0) continue;
+    const int64_t waves = ceil_div(blocks_per_partition * parts, static_cast<int64_t>(per_sm) * dev.num_sms);
+    const int64_t cost = waves * (std::min(size, max_seq_len) + kTcBlockOverheadTokens);
+    if (best.smem == 0 || cost < best_cost) {
+      best = {smem, size, parts};
+      best_cost = cost;
+    }
   }
-  kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(
-      out, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
-      static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
-      static_cast<const int*>(seq_lens.data_ptr()), params);
-  return true;
+  return best;
 }
 
 }  // namespace
@@ -109,55 +150,68 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   const cudaStream_t stream = current_stream(query);
   const int64_t d = a.cache.head_size;
 
+  const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
+  const int64_t blocks_per_partition = a.num_heads / hpb * a.num_seqs;
+  TcLaunch tc;  // FP16 runs on tensor cores when the launch fits (plan_tc_launch)
+  if (query.scalar_type() == ScalarType::Half)
+    dispatch_head_size(d, [&](auto d_tag) {
+      tc = plan_tc_launch<decltype(d_tag)::value>(query.get_device_index(), blocks_per_partition, max_seq_len,
+                                                  partition_size, num_threads, hpb);
+    });
+  const int64_t part_size = tc.smem > 0 ? tc.partition_size : partition_size;
+  const int64_t num_partitions = tc.smem > 0 ? tc.num_partitions : a.num_partitions;
+
   // fp32 scratch for split contexts: [seqs, heads, partitions] x (D outputs + max + sum).
   float* part_out = nullptr;
   float* part_max = nullptr;
   float* part_sum = nullptr;
   Tensor scratch;
-  if (a.num_partitions > 1) {
-    const int64_t rows = a.num_seqs * a.num_heads * a.num_partitions;
+  if (num_partitions > 1) {
+    const int64_t rows = a.num_seqs * a.num_heads * num_partitions;
     const std::vector<int64_t> size{rows * (d + 2)};
     scratch = torch::stable::new_empty(query, size, ScalarType::Float);
     part_out = static_cast<float*>(scratch.data_ptr());
     part_max = part_out + rows * d;
     part_sum = part_max + rows;
   }
-  const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
   const PagedDecodeParams params{static_cast<int>(a.num_heads), static_cast<int>(a.cache.num_kv_heads),
                                  static_cast<int>(hpb), static_cast<int>(a.cache.block_size),
-                                 static_cast<int>(partition_size),
-                                 static_cast<int>(a.num_partitions), q_stride,
+                                 static_cast<int>(part_size), static_cast<int>(num_partitions), q_stride,
                                  block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
                                  static_cast<float>(scale)};
 
   dispatch_float_type(op, query, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     T* out_ptr = static_cast<T*>(out.data_ptr());
+    const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
+                    static_cast<unsigned>(num_partitions));
+    const unsigned threads = static_cast<unsigned>(num_threads);
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
-      const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
-                      static_cast<unsigned>(a.num_partitions));
-      const unsigned threads = static_cast<unsigned>(num_threads);
       if constexpr (std::is_same_v<T, __half>) {
-        if (launch_tc<D>(params, grid, threads, stream, query.get_device_index(), out_ptr, part_out, part_max,
-                         part_sum, query, kv_cache, block_table, seq_lens))
+        if (tc.smem > 0) {
+          paged_attention_decode_tc_kernel<D><<<grid, threads, static_cast<size_t>(tc.smem), stream>>>(
+              out_ptr, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
+              static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+              static_cast<const int*>(seq_lens.data_ptr()), params);
           return;
+        }
       }
       dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
         constexpr int HPB = decltype(hpb_tag)::value;
         constexpr bool EXACT = decltype(exact_tag)::value;
-        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(partition_size, D);
+        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
         paged_attention_decode_kernel<T, D, HPB, EXACT><<<grid, threads, smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
             static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
             static_cast<const int*>(seq_lens.data_ptr()), params);
       });
     });
-    if (a.num_partitions > 1) {
+    if (num_partitions > 1) {
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
       paged_attention_reduce_kernel<T><<<grid, 128, 0, stream>>>(
           out_ptr, part_out, part_max, part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
-          static_cast<int>(partition_size), static_cast<int>(a.num_partitions));
+          static_cast<int>(part_size), static_cast<int>(num_partitions));
     }
   });
   check_launch(op);

@@ -1,8 +1,8 @@
 // CUDA registrations of the native kernels. Compiled only in CUDA builds; the norm and
 // activation kernels are replaced by the V100 adapter when every target arch is below
 // SM80 (VLLM_V100_ADAPTER, see csrc/torch_bindings.cpp), so each (op, CUDA) has exactly
-// one kernel. The paged-attention and rotary-embedding kernels are Volta-safe and
-// registered in every build.
+// one kernel. The paged-attention, rotary-embedding and sampling kernels are Volta-safe
+// and registered in every build.
 #include "ops.h"
 
 #include <torch/csrc/stable/library.h>
@@ -23,4 +23,5 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache));
   m.impl("paged_attention_decode", TORCH_BOX(&paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
+  m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
 }

@@ -30,6 +30,7 @@ void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tens
                                  double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                            Tensor cos_sin_cache, bool is_neox);
+void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -47,6 +48,9 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
 // ---- rotary embedding, in place on query/key, Volta-safe, CUDA in every build (csrc/rotary_kernels.cu) ----
 void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                       Tensor cos_sin_cache, bool is_neox);
+
+// ---- random sampling (Gumbel-max over the logits), Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
+void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 #endif
 
 }  // namespace vllm_volta

@@ -4,13 +4,14 @@
 //   Meta  : validation only (shape/dtype checks; these ops return nothing)
 //   CUDA  : the adapter here when VLLM_V100_ADAPTER, else the native kernels
 //           (csrc/cuda_bindings.cpp, under #ifndef VLLM_V100_ADAPTER)
-// The paged-attention and rotary-embedding ops have CUDA kernels only (Volta-safe,
+// The paged-attention, rotary-embedding and sampling ops have CUDA kernels only (Volta-safe,
 // registered in every CUDA build by csrc/cuda_bindings.cpp) plus Meta.
 // `_C_adapter` exposes the same adapter functions under their own namespace so a
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
+#include "sampling_checks.h"
 
 #include <torch/csrc/stable/library.h>
 
@@ -47,6 +48,10 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
   check_rotary_embedding_args(positions, query, key, head_size, cos_sin_cache);
 }
 
+void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
+  check_gumbel_sample_args(sampled, logits, temperature, seeds);
+}
+
 }  // namespace vllm_volta
 
 using namespace vllm_volta;
@@ -74,6 +79,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // In place on query/key ([T, H*D] or [T, H, D], rows may be strided); cos_sin_cache [max_pos, rot_dim].
   m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");
+  // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
+  m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -89,6 +96,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("reshape_and_cache", TORCH_BOX(&meta_reshape_and_cache));
   m.impl("paged_attention_decode", TORCH_BOX(&meta_paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
+  m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

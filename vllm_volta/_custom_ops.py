@@ -95,3 +95,15 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     outside [0, max_position) is left unchanged.
     """
     torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
+                  seeds: torch.Tensor) -> None:
+    """``sampled[i]`` <- a draw from softmax(logits[i] / temperature[i]). CUDA only.
+
+    One pass over the logits (any float dtype, rows may be strided): the argmax of
+    logits / T plus Gumbel noise from a Philox stream keyed by ``seeds[i]`` (int64), so a row's
+    draw depends only on its seed and logits. ``sampled`` int64 [B]; ``temperature`` float32
+    [B], > 0 (not checked: that would need a device sync).
+    """
+    torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds)

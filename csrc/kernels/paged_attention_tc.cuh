@@ -3,8 +3,9 @@
 // products done by WMMA m8n32k16 (FP16 inputs, FP32 accumulation; SM70 and newer):
 //  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
 //     flight at once; the next tile's loads are issued before this tile's MMAs) and computes
-//     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero) x K^T, stored as FP32
-//     [8][partition];
+//     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero) x K^T; its hpb real
+//     rows go to the FP32 scores [hpb][partition] (through the warp's free tile buffer, so
+//     the partition-long buffer holds no zero rows: less shared memory, more blocks per SM);
 //  2. softmax over the partition (one warp per head);
 //  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 and
 //     accumulates P x V into 8 x D FP32 fragments; the warps' partial outputs are summed in
@@ -28,10 +29,11 @@ __host__ __device__ constexpr int tc_stage_stride(int d) { return d + 8; }      
 __host__ __device__ constexpr int tc_score_stride(int p) { return p + 8; }       // scores, floats
 constexpr int kTcProbStride = kTcTile + 8;                                        // probabilities, halves
 
-// Dynamic shared memory of paged_attention_decode_tc_kernel<D> with `warps` warps.
-__host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partition_size) {
+// Dynamic shared memory of paged_attention_decode_tc_kernel<D> with `warps` warps and hpb
+// heads per block.
+__host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partition_size, int hpb) {
   return 2LL * kTcRows * d                                   // queries [8][D] half
-         + 4LL * kTcRows * tc_score_stride(partition_size)   // scores / exps [8][P + 8] float
+         + 4LL * hpb * tc_score_stride(partition_size)       // scores / exps [hpb][P + 8] float
          + 2LL * warps * kTcTile * tc_stage_stride(d)        // per-warp K/V tile [32][D + 8] half
          + 2LL * warps * kTcRows * kTcProbStride             // per-warp probabilities [8][40] half
          + 4LL * 2 * kTcRows;                                // max, sum per head
@@ -64,7 +66,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   extern __shared__ __align__(128) unsigned char tc_smem[];
   __half* q_s = reinterpret_cast<__half*>(tc_smem);
   float* scores = reinterpret_cast<float*>(q_s + kTcRows * D);
-  __half* stage_all = reinterpret_cast<__half*>(scores + kTcRows * SP);
+  __half* stage_all = reinterpret_cast<__half*>(scores + hpb * SP);  // 32-byte aligned: SP % 8 == 0
   __half* probs_all = stage_all + num_warps * kTcTile * LDS;
   float* s_max = reinterpret_cast<float*>(probs_all + num_warps * kTcRows * kTcProbStride);
   float* s_sum = s_max + kTcRows;
@@ -129,7 +131,13 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
       wmma::load_matrix_sync(b, stage + k * 16, LDS);
       wmma::mma_sync(acc, a, b, acc);
     }
-    wmma::store_matrix_sync(scores + tile * kTcTile, acc, SP, wmma::mem_row_major);
+    // The 8 x 32 block goes through the warp's tile buffer (free once every lane's MMA
+    // inputs are loaded); only the hpb real rows are kept.
+    float* block = reinterpret_cast<float*>(stage);
+    __syncwarp();
+    wmma::store_matrix_sync(block, acc, kTcTile, wmma::mem_row_major);
+    __syncwarp();
+    for (int h = 0; h < hpb; ++h) scores[h * SP + tile * kTcTile + lane] = block[h * kTcTile + lane];
     __syncwarp();  // the tile is restaged next iteration
   }
   if (warp < num_tiles) load_rows(vals, v_base, warp * kTcTile);  // in flight during the softmax

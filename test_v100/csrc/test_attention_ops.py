@@ -61,6 +61,8 @@ DECODE_CASES = [
     (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 2 blocks of 6 heads per KV head
     (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
+    # a grid of several waves: the launcher may lengthen the partitions (not a power of two)
+    (torch.float16, 128, 32, 8, [1100] * 40 + [5, 700], 256, 128),
     # FP16 on CUDA cores: a partition of half tiles; a tensor-core tile set past shared memory
     (torch.float16, 128, 32, 8, [70, 400], 48, 128),
     (torch.float16, 256, 8, 1, [1500], 1024, 512),

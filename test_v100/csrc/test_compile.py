@@ -35,7 +35,8 @@ def nvcc_results(tmp_path_factory):
 
 def test_there_are_cuda_sources():
     assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu", "cache_kernels.cu",
-                                          "attention_kernels.cu", "rotary_kernels.cu"}
+                                          "attention_kernels.cu", "rotary_kernels.cu",
+                                          "sampling_kernels.cu"}
 
 
 @needs_nvcc
@@ -71,6 +72,8 @@ NVRTC_UNITS = {
     "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}>"
                            for t, w in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
                            for neox in ("true", "false")],
+    "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")]
+    + ["&vllm_volta::gumbel_unpack_kernel"],
 }
 
 

@@ -31,6 +31,7 @@ CUDA_ONLY_OPS = {
         "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
         "bool is_neox) -> ()"
     ),
+    "gumbel_sample": "gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()",
 }
 
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")

@@ -39,32 +39,60 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(q).argmax(dim=1)
 
 
+def fused_sampling_applies(logits: torch.Tensor, metadata: SamplingMetadata) -> bool:
+    """Whether the random rows can use ``gumbel_sample``: CUDA logits and no top-k, top-p or
+    min-p (those filters need the sorted or normalized probabilities)."""
+    if not (logits.is_cuda and metadata.no_top_k and metadata.no_top_p and metadata.no_min_p):
+        return False
+    from vllm_volta._custom_ops import has_cuda_kernel
+
+    return has_cuda_kernel("gumbel_sample")
+
+
+def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
+                        generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """The exponential race of ``random_sample`` in one kernel (the Gumbel-max form) over the
+    raw logits: no float32 copy, softmax or noise tensor. Each row's noise comes from a
+    64-bit seed drawn from its own generator (seeded rows) or the default one, so seeded
+    rows stay independent of the batch around them."""
+    from vllm_volta import _custom_ops as ops
+
+    rows = logits.shape[0]
+    seeds = torch.empty(rows, dtype=torch.int64, device=logits.device).random_()
+    for row, generator in generators.items():
+        seeds[row] = torch.empty(1, dtype=torch.int64, device=generator.device).random_(generator=generator)[0]
+    sampled = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    ops.gumbel_sample(sampled, logits, temperature, seeds)
+    return sampled
+
+
 class Sampler(nn.Module):
     """vLLM's sampling pipeline.
 
     Order: min_tokens masking of stop/eos ids, penalties (repetition on prompt + output,
     presence/frequency on output), greedy argmax for temperature-0 rows; for the others
-    temperature, top-k, top-p, min-p, then an exponential-race sample.
+    temperature, top-k, top-p, min-p, then an exponential-race sample (on CUDA without
+    top-k/top-p/min-p: the same race fused into one pass, ``fused_random_sample``).
     """
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.float().log_softmax(dim=1)
-        needs_copy = not (metadata.all_greedy and metadata.no_penalties
-                          and metadata.min_tokens_rows is None)
-        # Work on a private float32 copy: the caller's logits stay untouched.
-        logits = logits.to(torch.float32, copy=needs_copy)
-        logits = apply_min_tokens(logits, metadata.min_tokens_rows,
-                                  metadata.min_tokens_token_ids)
-        if not metadata.no_penalties:
-            logits = apply_penalties(
-                logits, prompt_token_ids=metadata.prompt_token_ids,
-                output_token_ids=metadata.output_token_ids,
-                presence_penalties=metadata.presence_penalties,
-                frequency_penalties=metadata.frequency_penalties,
-                repetition_penalties=metadata.repetition_penalties)
-        sampled = self.sample(logits, metadata)
+        private = not metadata.no_penalties or metadata.min_tokens_rows is not None
+        if private:
+            # These stages write: they work on a float32 copy, the caller's logits stay untouched.
+            logits = logits.to(torch.float32, copy=True)
+            logits = apply_min_tokens(logits, metadata.min_tokens_rows,
+                                      metadata.min_tokens_token_ids)
+            if not metadata.no_penalties:
+                logits = apply_penalties(
+                    logits, prompt_token_ids=metadata.prompt_token_ids,
+                    output_token_ids=metadata.output_token_ids,
+                    presence_penalties=metadata.presence_penalties,
+                    frequency_penalties=metadata.frequency_penalties,
+                    repetition_penalties=metadata.repetition_penalties)
+        sampled = self.sample(logits, metadata, private=private)
         logprobs_tensors = None
         if raw_logprobs is not None:
             logprobs_tensors = gather_logprobs(raw_logprobs, sampled,
@@ -72,17 +100,24 @@ class Sampler(nn.Module):
         return SamplerOutput(sampled, logprobs_tensors)
 
     @staticmethod
-    def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """Greedy and/or random sampling of already-penalized float32 logits (modified)."""
+    def sample(logits: torch.Tensor, metadata: SamplingMetadata,
+               private: bool = False) -> torch.Tensor:
+        """Greedy and/or random sampling of already-penalized logits (any float dtype),
+        which are modified only when `private` (a float32 copy the caller gave up)."""
         greedy = None if metadata.all_random else logits.argmax(dim=1)
         if metadata.all_greedy:
             return greedy
-        logits.div_(metadata.temperature.unsqueeze(1))
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k,
-                                   metadata.top_p)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        sampled = random_sample(logits.softmax(dim=1), metadata.generators)
+        if fused_sampling_applies(logits, metadata):
+            sampled = fused_random_sample(logits, metadata.temperature, metadata.generators)
+        else:
+            if not private:
+                logits = logits.to(torch.float32, copy=True)
+            logits.div_(metadata.temperature.unsqueeze(1))
+            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k,
+                                       metadata.top_p)
+            if metadata.min_p is not None:
+                logits = apply_min_p(logits, metadata.min_p)
+            sampled = random_sample(logits.softmax(dim=1), metadata.generators)
         if greedy is None:
             return sampled
         return torch.where(metadata.greedy_mask, greedy, sampled)

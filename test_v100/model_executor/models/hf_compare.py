@@ -102,7 +102,7 @@ class PagedRunner:
         input_ids = torch.tensor([t for s in ids for t in new_tokens[s]], device=self.device)
         positions = compute_positions(done, num_new).to(self.device)
         hidden = self.model(input_ids, positions, self.kv_caches, md)
-        logits = self.model.compute_logits(hidden).cpu()
+        logits = self.model.compute_logits(hidden).float().cpu()
         out, start = {}, 0
         for sid, n in zip(ids, num_new):
             out[sid] = logits[start:start + n]

@@ -1,4 +1,4 @@
-"""Hidden states -> float32 vocabulary logits."""
+"""Hidden states -> vocabulary logits."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLM
 
 
 class LogitsProcessor(nn.Module):
-    """``logits = (hidden @ lm_head.weight^T [+ bias]) * scale``, gathered over ranks, cut to
-    ``vocab_size`` (dropping padding rows) and returned in float32 for the sampler."""
+    """``logits = (hidden @ lm_head.weight^T [+ bias]) * scale``, gathered over ranks and cut to
+    ``vocab_size`` (dropping padding rows), in the model's dtype as in vLLM: the sampler reads
+    them as they are and makes a float32 copy only for the stages that need one (a [B, V]
+    float32 copy per step is a pass over a large tensor at big batches)."""
 
     def __init__(self, vocab_size: int, scale: float = 1.0) -> None:
         super().__init__()
@@ -22,7 +24,6 @@ class LogitsProcessor(nn.Module):
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
-        logits = logits.float()
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits

@@ -133,7 +133,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> float32 logits."""
+    """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> logits (model dtype)."""
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, bool]:

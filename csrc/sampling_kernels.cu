@@ -1,0 +1,31 @@
+// Host launcher of gumbel_sample (device code: kernels/sampling.cuh): zero the per-row
+// winners, fold every vocabulary span into them, unpack the token ids. No host sync.
+#include "cuda_launch.h"
+#include "kernels/sampling.cuh"
+#include "ops.h"
+#include "sampling_checks.h"
+
+namespace vllm_volta {
+
+void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
+  const char* op = "gumbel_sample";
+  const GumbelSampleArgs a = check_gumbel_sample_args(sampled, logits, temperature, seeds);
+  check_cuda(op, "logits", logits);
+  if (a.rows == 0) return;
+  torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
+  const cudaStream_t stream = current_stream(logits);
+  auto* best = static_cast<unsigned long long*>(sampled.data_ptr());
+  cudaMemsetAsync(best, 0, static_cast<size_t>(a.rows) * sizeof(unsigned long long), stream);
+  dispatch_float_type(op, logits, [&](auto type_tag) {
+    using T = typename decltype(type_tag)::type;
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>((a.vocab + kSampleBlockSpan - 1) / kSampleBlockSpan));
+    gumbel_argmax_kernel<T><<<grid, kSampleThreads, 0, stream>>>(
+        best, static_cast<const T*>(logits.data_ptr()), a.row_stride, a.vocab,
+        static_cast<const float*>(temperature.data_ptr()), static_cast<const int64_t*>(seeds.data_ptr()));
+  });
+  gumbel_unpack_kernel<<<static_cast<unsigned>((a.rows + 255) / 256), 256, 0, stream>>>(
+      static_cast<int64_t*>(sampled.data_ptr()), a.rows);
+  check_launch(op);
+}
+
+}  // namespace vllm_volta

@@ -1,0 +1,120 @@
+"""gumbel_sample (CUDA kernel): its draws follow softmax(logits / T) (chi-square against the
+float64 softmax), never pick masked tokens, depend only on each row's seed and logits; and
+its argument checks (Meta kernel: run on CPU too)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from vllm_volta import _custom_ops as ops
+
+from .op_cases import requires_gpu
+
+# chi-square 0.999 quantiles by degrees of freedom; seeds are fixed, so the tests are deterministic.
+_CHI2_999 = {4: 18.5, 11: 31.3}
+
+
+def _sample(logits: torch.Tensor, temperature: float | torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    rows = logits.shape[0]
+    if not isinstance(temperature, torch.Tensor):
+        temperature = torch.full((rows,), temperature, dtype=torch.float32, device=logits.device)
+    out = torch.full((rows,), -7, dtype=torch.int64, device=logits.device)
+    ops.gumbel_sample(out, logits, temperature, seeds)
+    return out
+
+
+def _chi_square(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    counts = torch.bincount(samples.cpu(), minlength=probs.numel()).double()
+    expected = probs.double() * samples.numel()
+    return float(((counts - expected) ** 2 / expected).sum()), probs.numel() - 1
+
+
+def _seeds(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-(2 ** 63), 2 ** 63 - 1, (n,), generator=g, dtype=torch.int64).cuda()
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_draws_follow_softmax_of_logits_over_temperature(dtype, temperature):
+    torch.manual_seed(0)
+    vocab, n = 12, 8000
+    base = (torch.randn(vocab) * 1.5).to(dtype)
+    samples = _sample(base.expand(n, vocab).contiguous().cuda(), temperature, _seeds(n))
+    probs = (base.double() / temperature).softmax(0)
+    stat, dof = _chi_square(samples, probs)
+    assert stat < _CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_masked_tokens_never_drawn_across_vocab_spans():
+    # Live tokens in three different 8192-entry spans (the kernel's blocks), the last one at the
+    # ragged end; every other logit is -inf. Rows have strided storage (a slice of a wider buffer).
+    vocab, n = 20001, 6000
+    live = torch.tensor([3, 8191, 8192, 16500, 20000])
+    values = torch.tensor([0.5, -0.3, 1.0, 0.0, 0.8])
+    row = torch.full((vocab,), float("-inf"))
+    row[live] = values
+    wide = torch.zeros(n, vocab + 7, dtype=torch.float16)
+    wide[:, :vocab] = row.half()
+    samples = _sample(wide.cuda()[:, :vocab], 1.0, _seeds(n, 1)).cpu()
+    assert torch.isin(samples, live).all()
+    remap = torch.zeros(vocab, dtype=torch.int64)
+    remap[live] = torch.arange(len(live))
+    stat, dof = _chi_square(remap[samples], values.half().double().softmax(0))
+    assert stat < _CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_a_rows_draw_depends_only_on_its_seed_and_logits():
+    torch.manual_seed(2)
+    logits = torch.randn(64, 50000, dtype=torch.float16, device="cuda")
+    seeds = _seeds(64, 3)
+    temperature = torch.rand(64, device="cuda") + 0.5
+    full = _sample(logits, temperature, seeds)
+    assert torch.equal(full, _sample(logits, temperature, seeds))  # same seeds, same draws
+    picked = torch.tensor([40, 7, 21], device="cuda")
+    assert torch.equal(full[picked], _sample(logits[picked], temperature[picked], seeds[picked]))
+    other = _sample(logits, temperature, _seeds(64, 4))
+    assert not torch.equal(full, other)
+    assert len(set(full.tolist())) > 32  # rows with different logits draw different tokens
+
+
+def _meta_args(**overrides):
+    meta = dict(device="meta")
+    args = dict(sampled=torch.empty(3, dtype=torch.int64, **meta),
+                logits=torch.empty(3, 100, dtype=torch.float16, **meta),
+                temperature=torch.empty(3, dtype=torch.float32, **meta),
+                seeds=torch.empty(3, dtype=torch.int64, **meta))
+    args.update(overrides)
+    return args
+
+
+BAD_ARGS = [
+    (dict(logits=torch.empty(3, 100, dtype=torch.int32, device="meta")), "'logits' must be float32, float16"),
+    (dict(logits=torch.empty(300, dtype=torch.float16, device="meta")), "'logits' must be [num_rows, vocab_size]"),
+    (dict(logits=torch.empty(100, 3, dtype=torch.float16, device="meta").t()),
+     "'logits' must be contiguous in its last dimension"),
+    (dict(sampled=torch.empty(3, dtype=torch.int32, device="meta")), "'sampled' must be int64"),
+    (dict(temperature=torch.empty(4, dtype=torch.float32, device="meta")),
+     "'temperature' must be 1-D with one entry per row of 'logits' (3)"),
+    (dict(temperature=torch.empty(3, dtype=torch.float16, device="meta")), "'temperature' must be float32"),
+    (dict(seeds=torch.empty(3, dtype=torch.float32, device="meta")), "'seeds' must be int64"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_ARGS)
+def test_bad_input_is_a_clear_error(overrides, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"gumbel_sample: {message}")):
+        torch.ops._C.gumbel_sample(**_meta_args(**overrides))
+
+
+def test_valid_meta_args_pass():
+    torch.ops._C.gumbel_sample(**_meta_args())
