@@ -244,3 +244,24 @@ def test_failed_step_leaves_no_stale_prefix_cache(tiny):
     out = run(engine, [prompt], GREEDY)[0]
     assert out.num_cached_tokens == 0
     assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 8)
+
+
+def test_engine_raises_the_gc_young_threshold_never_lowers_it(tiny):
+    import gc
+
+    from vllm_volta.engine.llm_engine import GC_YOUNG_THRESHOLD, raise_gc_threshold
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        engine = make_engine(tiny["llama"][0])
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10)
+        engine.shutdown()
+        gc.set_threshold(50_000, 5, 3)
+        raise_gc_threshold()
+        assert gc.get_threshold() == (50_000, 5, 3)
+        gc.set_threshold(0, 10, 10)  # automatic collection off: left off
+        raise_gc_threshold()
+        assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*saved)
