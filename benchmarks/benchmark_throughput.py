@@ -10,6 +10,7 @@ per-backend results under "results", and ours/transformers under "ratio_vs_hf".
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--hf-batch-size", type=int, default=64,
                         help="batch size of the transformers reference generate")
+    parser.add_argument("--step-stats", action="store_true",
+                        help="also report the engine's steps: how many ran prompt tokens "
+                             "(prefill) or only decodes, and their wall time")
     parser.add_argument("--output-json", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     check_positive(args, "input_len", "output_len", "num_prompts", "hf_batch_size")
@@ -58,6 +62,17 @@ def throughput_metrics(elapsed: float, prompts: Sequence[Sequence[int]],
     }
 
 
+def step_stats(steps: Sequence[tuple[bool, float]]) -> dict[str, dict[str, float | int | None]]:
+    """Count and wall time of the steps that ran prompt tokens and of the decode-only ones."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name, prefill in (("prefill_steps", True), ("decode_steps", False)):
+        times = [seconds for is_prefill, seconds in steps if is_prefill == prefill]
+        out[name] = {"count": len(times), "seconds": sum(times),
+                     "ms_mean": 1e3 * statistics.fmean(times) if times else None,
+                     "ms_median": 1e3 * statistics.median(times) if times else None}
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoConfig
 
@@ -71,11 +86,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runner.generate(warmup, min(4, args.output_len))
         log(f"{runner.name}: {len(prompts)} prompts x ({args.input_len} in, "
             f"{args.output_len} out)")
+        steps: list[tuple[bool, float]] | None = None
+        kwargs = {}
+        if args.step_stats and runner.name == "vllm-volta":
+            steps = kwargs["step_times"] = []
         with timed(runner.device) as t:
-            output_lens = runner.generate(prompts, args.output_len)
+            output_lens = runner.generate(prompts, args.output_len, **kwargs)
         results[runner.name] = {"dtype": str(runner.dtype).removeprefix("torch."),
                                 **throughput_metrics(t["elapsed"], prompts, output_lens)}
         log(f"{runner.name}: {results[runner.name]['output_tokens_per_second']:.1f} output tok/s")
+        if steps is not None:
+            results[runner.name]["step_stats"] = stats = step_stats(steps)
+            log(", ".join(f"{v['count']} {k.replace('_', ' ')}: {v['seconds']:.3f} s"
+                          for k, v in stats.items()))
 
     result = offline_result("throughput", args, results, input_len=args.input_len,
                             output_len=args.output_len, num_prompts=args.num_prompts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import time
 from typing import Any, Sequence
 
 import torch
@@ -43,8 +44,13 @@ class EngineRunner:
         return SamplingParams(n=1, temperature=self.temperature, top_p=1.0, ignore_eos=True,
                               max_tokens=output_len, detokenize=False)
 
-    def generate(self, prompts: Sequence[Sequence[int]], output_len: int) -> list[int]:
-        """Add every prompt, step until all finish; returns each request's output length."""
+    def generate(self, prompts: Sequence[Sequence[int]], output_len: int,
+                 step_times: list[tuple[bool, float]] | None = None) -> list[int]:
+        """Add every prompt, step until all finish; returns each request's output length.
+
+        With `step_times`, appends (prefill, seconds) per engine step: whether the step had
+        prompt tokens to run, and its wall time (with async scheduling, one step period).
+        """
         params = self.sampling_params(output_len)
         request_ids = []
         for prompt in prompts:
@@ -53,10 +59,22 @@ class EngineRunner:
             request_ids.append(request_id)
         lengths: dict[str, int] = {}
         while self.engine.has_unfinished_requests():
+            if step_times is not None:
+                prefill = self._prefill_pending()
+                t0 = time.perf_counter()
             # Only finished outputs are read: skip building the others every step.
             for out in self.engine.step(finished_only=True):
                 lengths[out.request_id] = len(out.outputs[0].token_ids)
+            if step_times is not None:
+                step_times.append((prefill, time.perf_counter() - t0))
         return [lengths[r] for r in request_ids]
+
+    def _prefill_pending(self) -> bool:
+        """Whether the next step runs prompt tokens: a request waits, or one has more than
+        its newest token left to compute."""
+        sched = self.engine.scheduler
+        return bool(sched.waiting) or any(
+            r.num_tokens + r.num_pending - r.num_computed_tokens > 1 for r in sched.running)
 
     def close(self) -> None:
         """Release the engine (weights, KV cache, graphs) before another backend runs."""

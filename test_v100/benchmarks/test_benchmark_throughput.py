@@ -74,3 +74,38 @@ def test_engine_against_hf(capsys):
     assert ours["dtype"] == hf["dtype"]  # the reference runs in the dtype the engine chose
     for key, value in result["ratio_vs_hf"].items():
         assert value == pytest.approx(ours[key] / hf[key])
+
+
+def test_step_stats_split_prefill_and_decode_steps():
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    result = benchmark_throughput.main([*TINY, "--step-stats", "--max-num-seqs", "6"])
+    ours = result["results"]["vllm-volta"]
+    stats = ours["step_stats"]
+    # 6 prompts x 12 tokens fit one step's token budget; that step also samples each first
+    # token, so 4 decode-only steps make the other output tokens.
+    assert stats["prefill_steps"]["count"] == 1
+    assert stats["decode_steps"]["count"] == 4
+    total = stats["prefill_steps"]["seconds"] + stats["decode_steps"]["seconds"]
+    assert 0 < total <= ours["elapsed_time"]
+    decode = stats["decode_steps"]
+    assert decode["ms_mean"] == pytest.approx(1e3 * decode["seconds"] / 4)
+
+
+@pytest.mark.parametrize("async_flag", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_step_stats_count_chunked_prefill_steps_as_prefill(async_flag):
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    # 16 tokens per step, shared with the decodes of prompts already prefilled: steps 1-6 run
+    # 16, 16, 16, 16, 16 and 7 tokens, each with prompt tokens (the 6th prompt's last 2); the
+    # 6th request's 4 other output tokens then take 4 decode-only steps (async scheduling: one
+    # more call, which applies the last launched step).
+    result = benchmark_throughput.main([*TINY, "--step-stats", "--max-num-batched-tokens", "16",
+                                        *async_flag])
+    stats = result["results"]["vllm-volta"]["step_stats"]
+    assert stats["prefill_steps"]["count"] == 6
+    assert stats["decode_steps"]["count"] == (5 if async_flag else 4)
+
+
+def test_no_step_stats_by_default():
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    result = benchmark_throughput.main([*TINY, "--num-prompts", "2"])
+    assert "step_stats" not in result["results"]["vllm-volta"]
