@@ -83,6 +83,7 @@ def instrument(engine: Any) -> PhaseTimer:
 def run_batch(engine: Any, timer: PhaseTimer, batch_size: int, args: argparse.Namespace,
               profiler: cProfile.Profile | None) -> dict[str, Any]:
     """One batch to completion; returns mean per-decode-step times (ms) per phase."""
+    from benchmarks.engine_runner import prefill_pending
     from vllm_volta.sampling_params import SamplingParams
 
     rng = random.Random(args.seed + batch_size)
@@ -97,10 +98,7 @@ def run_batch(engine: Any, timer: PhaseTimer, batch_size: int, args: argparse.Na
     num_outputs = 0
     while engine.has_unfinished_requests():
         timer.current.clear()
-        # A pure-decode step: everything running, one token each, nothing waiting.
-        sched = engine.scheduler
-        decode = not sched.waiting and all(
-            r.num_computed_tokens == r.num_tokens - 1 for r in sched.running)
+        decode = not prefill_pending(engine.scheduler)
         if decode and profiler is not None:
             profiler.enable()
         t0 = time.perf_counter()

@@ -15,6 +15,13 @@ import torch
 from benchmarks.utils import log, parse_dtype
 
 
+def prefill_pending(scheduler: Any) -> bool:
+    """Whether the engine's next step runs prompt tokens: a request waits, or a running one has
+    more than its newest token left to compute (else the step is a pure decode)."""
+    return bool(scheduler.waiting) or any(
+        r.num_tokens + r.num_pending - r.num_computed_tokens > 1 for r in scheduler.running)
+
+
 class EngineRunner:
     """Runs batches of token-id prompts through one LLMEngine, each to exactly ``output_len``."""
 
@@ -60,7 +67,7 @@ class EngineRunner:
         lengths: dict[str, int] = {}
         while self.engine.has_unfinished_requests():
             if step_times is not None:
-                prefill = self._prefill_pending()
+                prefill = prefill_pending(self.engine.scheduler)
                 t0 = time.perf_counter()
             # Only finished outputs are read: skip building the others every step.
             for out in self.engine.step(finished_only=True):
@@ -68,13 +75,6 @@ class EngineRunner:
             if step_times is not None:
                 step_times.append((prefill, time.perf_counter() - t0))
         return [lengths[r] for r in request_ids]
-
-    def _prefill_pending(self) -> bool:
-        """Whether the next step runs prompt tokens: a request waits, or one has more than
-        its newest token left to compute."""
-        sched = self.engine.scheduler
-        return bool(sched.waiting) or any(
-            r.num_tokens + r.num_pending - r.num_computed_tokens > 1 for r in sched.running)
 
     def close(self) -> None:
         """Release the engine (weights, KV cache, graphs) before another backend runs."""

@@ -55,8 +55,6 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // What a device allows paged_attention_decode_tc_kernel<D>, asked once per device (not per
 // launch): the threads a block can have with the kernel's register count (512 may not fit),
 // the shared memory a block may use (the kernel opts in to all of it at once) and the SMs;
@@ -78,8 +76,9 @@ struct TcLaunch {
   int64_t num_partitions = 0;
 };
 
-// The tensor-core launch for the tuned (partition_size, threads), or none when the partition
-// is not whole 32-token tiles or the block's threads or shared memory do not fit the device.
+// The tensor-core launch for the tuned (partition_size, threads), which split the context into
+// tuned_parts partitions, or none when the partition is not whole 32-token tiles or the
+// block's threads or shared memory do not fit the device.
 // Wave balancing: the grid's blocks run in waves of (resident blocks per SM x SMs), and a
 // last wave that is mostly empty costs as much as a full one (e.g. 64 sequences x 4096
 // tokens with 1024-token partitions: 2048 blocks = 5.2 waves of 396 on an H200). So the
@@ -88,7 +87,7 @@ struct TcLaunch {
 // wave keeps it.
 template <int D>
 TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
-                        int64_t threads, int64_t hpb) {
+                        int64_t tuned_parts, int64_t threads, int64_t hpb) {
   auto kernel = paged_attention_decode_tc_kernel<D>;
   static std::mutex mutex;
   static TcDevice per_device[64];
@@ -112,7 +111,6 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     return it->second;
   };
   const int warps = static_cast<int>(threads / 32);
-  const int64_t tuned_parts = max_seq_len <= partition_size ? 1 : ceil_div(max_seq_len, partition_size);
   TcLaunch best;
   int64_t best_cost = 0;
   for (int64_t parts = tuned_parts; parts >= std::max<int64_t>(ceil_div(tuned_parts, 2), tuned_parts - 15); --parts) {
@@ -156,7 +154,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   if (query.scalar_type() == ScalarType::Half)
     dispatch_head_size(d, [&](auto d_tag) {
       tc = plan_tc_launch<decltype(d_tag)::value>(query.get_device_index(), blocks_per_partition, max_seq_len,
-                                                  partition_size, num_threads, hpb);
+                                                  partition_size, a.num_partitions, num_threads, hpb);
     });
   const int64_t part_size = tc.smem > 0 ? tc.partition_size : partition_size;
   const int64_t num_partitions = tc.smem > 0 ? tc.num_partitions : a.num_partitions;

@@ -105,5 +105,6 @@ void dispatch_vec_width(int width, F&& f) {
 }
 
 inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace vllm_volta

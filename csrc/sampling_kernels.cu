@@ -18,12 +18,12 @@ void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor see
   cudaMemsetAsync(best, 0, static_cast<size_t>(a.rows) * sizeof(unsigned long long), stream);
   dispatch_float_type(op, logits, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
-    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>((a.vocab + kSampleBlockSpan - 1) / kSampleBlockSpan));
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(ceil_div(a.vocab, kSampleBlockSpan)));
     gumbel_argmax_kernel<T><<<grid, kSampleThreads, 0, stream>>>(
         best, static_cast<const T*>(logits.data_ptr()), a.row_stride, a.vocab,
         static_cast<const float*>(temperature.data_ptr()), static_cast<const int64_t*>(seeds.data_ptr()));
   });
-  gumbel_unpack_kernel<<<static_cast<unsigned>((a.rows + 255) / 256), 256, 0, stream>>>(
+  gumbel_unpack_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 256)), 256, 0, stream>>>(
       static_cast<int64_t*>(sampled.data_ptr()), a.rows);
   check_launch(op);
 }

@@ -9,12 +9,10 @@ import re
 import pytest
 import torch
 
+from test_v100.chi_square import CHI2_999, chi_square
 from vllm_volta import _custom_ops as ops
 
 from .op_cases import requires_gpu
-
-# chi-square 0.999 quantiles by degrees of freedom; seeds are fixed, so the tests are deterministic.
-_CHI2_999 = {4: 18.5, 11: 31.3}
 
 
 def _sample(logits: torch.Tensor, temperature: float | torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
@@ -24,12 +22,6 @@ def _sample(logits: torch.Tensor, temperature: float | torch.Tensor, seeds: torc
     out = torch.full((rows,), -7, dtype=torch.int64, device=logits.device)
     ops.gumbel_sample(out, logits, temperature, seeds)
     return out
-
-
-def _chi_square(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    counts = torch.bincount(samples.cpu(), minlength=probs.numel()).double()
-    expected = probs.double() * samples.numel()
-    return float(((counts - expected) ** 2 / expected).sum()), probs.numel() - 1
 
 
 def _seeds(n: int, seed: int = 0) -> torch.Tensor:
@@ -47,8 +39,8 @@ def test_draws_follow_softmax_of_logits_over_temperature(dtype, temperature):
     base = (torch.randn(vocab) * 1.5).to(dtype)
     samples = _sample(base.expand(n, vocab).contiguous().cuda(), temperature, _seeds(n))
     probs = (base.double() / temperature).softmax(0)
-    stat, dof = _chi_square(samples, probs)
-    assert stat < _CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
+    stat, dof, _ = chi_square(samples, probs)
+    assert stat < CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
 
 
 @pytest.mark.gpu
@@ -67,8 +59,8 @@ def test_masked_tokens_never_drawn_across_vocab_spans():
     assert torch.isin(samples, live).all()
     remap = torch.zeros(vocab, dtype=torch.int64)
     remap[live] = torch.arange(len(live))
-    stat, dof = _chi_square(remap[samples], values.half().double().softmax(0))
-    assert stat < _CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
+    stat, dof, _ = chi_square(remap[samples], values.half().double().softmax(0))
+    assert stat < CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import torch
 from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
+from test_v100.chi_square import CHI2_999, chi_square
 from vllm_volta.sample import Sampler, SamplingMetadata, make_generator
 from vllm_volta.sampling_params import SamplingParams
 
@@ -78,19 +79,6 @@ def _reference_probs(logits: torch.Tensor, p: SamplingParams, prompt: list[int],
     return x.softmax(dim=1)[0]
 
 
-def _chi_square(samples: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, int]:
-    counts = torch.bincount(samples, minlength=probs.numel()).double()
-    expected = probs.double() * samples.numel()
-    support = expected > 0
-    stat = float((((counts - expected) ** 2)[support] / expected[support]).sum())
-    return stat, int(support.sum()) - 1, int(counts[~support].sum())
-
-
-# chi-square 0.999 quantiles; the seeds are fixed, so the test is deterministic.
-_CHI2_999 = {1: 10.8, 2: 13.8, 3: 16.3, 4: 18.5, 5: 20.5, 6: 22.5, 7: 24.3, 8: 26.1, 9: 27.9,
-             10: 29.6, 11: 31.3}
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seeded", [False, True])
 @pytest.mark.parametrize("kwargs", [
@@ -111,11 +99,11 @@ def test_sampling_distribution_matches_reference(kwargs, seeded: bool, device: s
     out = _run(base.expand(n, vocab).contiguous(), [p] * n, outputs=[output] * n,
                prompts=[prompt] * n, generators=gens, device=device)
     probs = _reference_probs(base, p, prompt, output)
-    stat, dof, outside = _chi_square(out.sampled_token_ids.cpu(), probs)
+    stat, dof, outside = chi_square(out.sampled_token_ids.cpu(), probs)
     assert outside == 0, "sampled a token the filters removed"
     if dof == 0:
         return
-    assert stat < _CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
+    assert stat < CHI2_999[dof], f"chi2={stat:.1f} dof={dof}"
 
 
 def _step_logits(request: str, step: int, vocab: int) -> torch.Tensor:
