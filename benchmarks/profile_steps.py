@@ -5,9 +5,11 @@
 
 Runs ``--batch-size`` prompts of ``--input-len`` tokens, lets the prefill and
 ``--warmup-steps`` decode steps pass, then profiles ``--profile-steps`` engine steps (CUDA
-graph replays included: their kernels are traced one by one). Prints JSON: wall time per
-step, GPU kernel time per step (the sum of kernel durations; the rest of the wall time is
-GPU idle: host work, launch gaps), and the kernels with the most time per step.
+graph replays included: their kernels are traced one by one). ``--phase prefill`` profiles
+the steps that run the prompts instead (after one unprofiled batch of the same prompts, which
+warms up the kernels). Prints JSON: wall time per step, GPU kernel time per step (the sum of
+kernel durations; the rest of the wall time is GPU idle: host work, launch gaps), and the
+kernels with the most time per step.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.cli_args import add_model_args, check_positive, engine_kwargs, finalize_model_args  # noqa: E402
-from benchmarks.utils import log, random_token_prompts, run_and_emit  # noqa: E402
+from benchmarks.utils import log, random_token_prompts, run_and_emit, synchronize  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -31,13 +33,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                        help="profile decode steps, or the steps that run the prompts")
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args(argv)
     check_positive(args, "batch_size", "input_len", "output_len", "profile_steps", "top")
-    if args.output_len <= args.warmup_steps + args.profile_steps:
+    if args.phase == "decode" and args.output_len <= args.warmup_steps + args.profile_steps:
         raise ValueError("--output-len must exceed --warmup-steps + --profile-steps "
                          "(only decode steps are profiled)")
     finalize_model_args(args)
@@ -62,52 +66,78 @@ def kernel_table(events: Any, num_steps: int, top: int) -> tuple[float, list[dic
                    "us_per_call": round(total[name] / count[name], 2)} for name in rows]
 
 
+BATCHES = ("warmup", "profiled", "plain")
+
+
+def add_prompts(runner: Any, args: argparse.Namespace, tag: str) -> None:
+    """A batch of fresh prompts (another seed per batch: no prefix-cache hits between them)."""
+    engine = runner.engine
+    vocab = engine.model_config.hf_config.vocab_size
+    params = runner.sampling_params(args.output_len)
+    seed = args.seed + BATCHES.index(tag)
+    for i, prompt in enumerate(random_token_prompts(args.batch_size, args.input_len, vocab, seed)):
+        engine.add_request(f"{tag}-{i}", list(prompt), params)
+
+
+def run_prefill(engine: Any) -> int:
+    """Add a batch and step until every prompt has run; returns the number of steps."""
+    steps = 0
+    while engine.scheduler.waiting or steps < 1:
+        engine.step(finished_only=True)
+        steps += 1
+    synchronize()
+    return steps
+
+
+def timed_steps(runner: Any, args: argparse.Namespace, tag: str) -> tuple[float, int]:
+    """(wall seconds, steps) of the profiled kind of steps, starting from the current state."""
+    engine = runner.engine
+    if args.phase == "prefill":
+        engine.abort_all_requests()
+        add_prompts(runner, args, tag)
+        start = time.perf_counter()
+        steps = run_prefill(engine)
+        return time.perf_counter() - start, steps
+    start = time.perf_counter()
+    steps = 0
+    while engine.has_unfinished_requests() and steps < args.profile_steps:
+        engine.step(finished_only=True)
+        steps += 1
+    synchronize()
+    return time.perf_counter() - start, steps
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.engine_runner import EngineRunner
-    from benchmarks.utils import synchronize
 
     runner = EngineRunner(engine_kwargs(args), temperature=0.0)
     engine = runner.engine
-    vocab = engine.model_config.hf_config.vocab_size
-    params = runner.sampling_params(args.output_len)
-    for i, prompt in enumerate(random_token_prompts(args.batch_size, args.input_len, vocab, args.seed)):
-        engine.add_request(f"profile-{i}", list(prompt), params)
-    # Prefill (maybe several chunked steps) until every request has its first token.
-    steps = 0
-    while engine.scheduler.waiting or steps < 1:
-        engine.step(finished_only=True)
-        steps += 1
-    for _ in range(args.warmup_steps + 1):
-        engine.step(finished_only=True)
-    synchronize()
-    log(f"profiling {args.profile_steps} decode steps at batch {args.batch_size}")
-    with profile(activities=[ProfilerActivity.CPU]
-                 + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
-        start = time.perf_counter()
-        for _ in range(args.profile_steps):
+    add_prompts(runner, args, "warmup")
+    run_prefill(engine)
+    if args.phase == "decode":
+        for _ in range(args.warmup_steps + 1):
             engine.step(finished_only=True)
         synchronize()
-        wall = (time.perf_counter() - start) / args.profile_steps
+    log(f"profiling {args.phase} steps at batch {args.batch_size}")
+    with profile(activities=[ProfilerActivity.CPU]
+                 + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
+        wall, steps = timed_steps(runner, args, "profiled")
     # Unprofiled timing of the same kind of steps (the profiler adds host overhead).
-    start = time.perf_counter()
-    n = 0
-    while engine.has_unfinished_requests() and n < args.profile_steps:
-        engine.step(finished_only=True)
-        n += 1
-    synchronize()
-    wall_plain = (time.perf_counter() - start) / max(n, 1)
-    busy_us, kernels = kernel_table(prof.events(), args.profile_steps, args.top)
+    wall_plain, plain_steps = timed_steps(runner, args, "plain")
+    busy_us, kernels = kernel_table(prof.events(), steps, args.top)
     graphs = engine.executor.worker.model_runner.graph_runner
     runner.close()
-    return {"benchmark": "profile_steps", "model": args.model, "batch_size": args.batch_size,
-            "cuda_graphs": graphs is not None,
-            "wall_ms_per_step_profiled": round(wall * 1e3, 3),
-            "wall_ms_per_step": round(wall_plain * 1e3, 3),
+    wall_ms = 1e3 * wall_plain / max(plain_steps, 1)
+    return {"benchmark": "profile_steps", "model": args.model, "phase": args.phase,
+            "batch_size": args.batch_size, "cuda_graphs": graphs is not None,
+            "profiled_steps": steps,
+            "wall_ms_per_step_profiled": round(1e3 * wall / steps, 3),
+            "wall_ms_per_step": round(wall_ms, 3),
             "gpu_kernel_ms_per_step": round(busy_us / 1e3, 3),
-            "gpu_busy_fraction": round(busy_us / 1e3 / (wall_plain * 1e3), 3),
+            "gpu_busy_fraction": round(busy_us / 1e3 / wall_ms, 3),
             "top_kernels": kernels}
 
 

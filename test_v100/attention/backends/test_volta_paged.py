@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
-from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
+from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend, _build_plan, choose_prefill_kernel
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import build_attn_metadata
 from vllm_volta.platforms.interface import DeviceCapability
@@ -72,7 +72,37 @@ CASES = {
     "prefill": [(0, 5), (0, 37), (0, 16)],
     "prefix-hit": [(32, 20), (5, 9), (0, 12)],
     "mixed": [(100, 1), (0, 13), (48, 1), (7, 30), (2047, 1)],
+    "decodes-then-prefills": [(100, 1), (48, 1), (0, 13), (7, 30)],
 }
+
+
+def test_prefill_kernel_choice():
+    fp16, fp32 = torch.float16, torch.float32
+    assert choose_prefill_kernel(DeviceCapability(7, 0), fp16)[0] == "efficient"
+    assert choose_prefill_kernel(DeviceCapability(7, 5), fp16)[0] == "efficient"
+    assert choose_prefill_kernel(None, fp16)[0] == "efficient"
+    kernel, why = choose_prefill_kernel(DeviceCapability(9, 0), fp32)
+    assert kernel == "efficient" and "fp16/bf16" in why
+    expected = "flash" if torch.backends.cuda.is_flash_attention_available() else "efficient"
+    assert choose_prefill_kernel(DeviceCapability(8, 0), fp16)[0] == expected
+
+
+@pytest.mark.parametrize("seqs, expected_range", [
+    (CASES["prefill"], (0, 58)),
+    (CASES["decodes-then-prefills"], (2, 45)),
+    (CASES["mixed"], None),
+])
+def test_plan_uses_a_slice_when_prefill_tokens_are_back_to_back(seqs, expected_range):
+    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs],
+                             [list(range(1, 2 + (c + n) // BLOCK_SIZE)) for c, n in seqs], BLOCK_SIZE, "cpu")
+    plan = _build_plan(md, BLOCK_SIZE)
+    assert plan.prefill_range == expected_range
+    if expected_range is None:
+        prefills = [i for i, (_, n) in enumerate(seqs) if n > 1]
+        starts = md.query_start_loc_cpu.tolist()
+        assert plan.prefill_tokens.tolist() == [t for i in prefills for t in range(starts[i], starts[i + 1])]
+    else:
+        assert plan.prefill_tokens is None
 
 
 @pytest.mark.gpu
@@ -82,11 +112,16 @@ CASES = {
     (torch.float16, 8, 2, 128), (torch.float16, 4, 4, 64), (torch.float16, 12, 2, 128),
     (torch.bfloat16, 8, 2, 128), (torch.float32, 8, 4, 96),
 ])
-def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size):
+@pytest.mark.parametrize("prefill_kernel", ["chosen", "efficient"])
+def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size, prefill_kernel):
+    """Both prefill kernels where the GPU has both: the one the platform chooses, and the
+    memory-efficient one that SM70/75 always use."""
     if VoltaPagedBackend.validate(capability=DeviceCapability(*torch.cuda.get_device_capability()), dtype=dtype,
                                   head_size=head_size, device_type="cuda"):
         pytest.skip(f"VOLTA_PAGED cannot run {dtype} on this GPU (bf16 needs an SM80+ GPU and a build targeting it)")
     ours, ref = _layers(num_heads, num_kv_heads, head_size)
+    if prefill_kernel == "efficient":
+        ours.impl.prefill_kernel = "efficient"
     q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, dtype)
     ref_cache = cache.clone()
     out = ours(q, k, v, cache, md)

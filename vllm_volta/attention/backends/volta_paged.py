@@ -5,11 +5,14 @@
   (FP16 with 16-byte loads, fp32 math, the context split into partitions and combined by a
   second kernel). Its grid depends only on ``max_seq_len``, so a pure-decode step is
   capturable in a CUDA graph. Launch parameters come from the tuned kernel configs.
-- Prefill (and chunked prefill / prefix-cache hits): tensor cores through PyTorch's
-  memory-efficient attention with variable-length sequences
-  (``aten._efficient_attention_forward`` with cu_seqlens and a bottom-right causal mask: new
-  token j of a sequence sees the cached prefix and new tokens up to itself). With a prefix hit
-  the whole context is gathered from the cache, else the new keys/values are used directly.
+- Prefill (and chunked prefill / prefix-cache hits): tensor cores, variable-length sequences
+  with a bottom-right causal mask (new token j of a sequence sees the cached prefix and the new
+  tokens up to itself). On SM80+ in fp16/bf16 through FlashAttention
+  (``aten._flash_attention_forward``: grouped-query heads natively), else, as on SM70/75,
+  through PyTorch's memory-efficient attention (``aten._efficient_attention_forward``, with the
+  kv heads repeated per query head). With a prefix hit the whole context is gathered from the
+  cache, else the new keys/values are used directly. Prefill tokens that lie back to back in
+  the step (the usual layout: decodes first) are used as slices, not gathered and scattered.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm_volta.platforms.interface import DeviceCapability
@@ -29,6 +33,20 @@ SUPPORTED_HEAD_SIZES = (64, 96, 128, 256)
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 DEFAULT_LAUNCH_CONFIG = {"partition_size": 512, "num_threads": 128}
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
+
+logger = init_logger(__name__)
+_logged_prefill_choices: set[tuple[str, str]] = set()
+
+
+def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtype) -> tuple[str, str]:
+    """("flash" or "efficient", why) for prefill attention on a device of `capability`."""
+    if capability is None or capability.major < 8:
+        return "efficient", f"compute capability {capability} is below 8.0 (FlashAttention needs SM80+)"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "efficient", f"FlashAttention runs fp16/bf16 only, the dtype is {dtype}"
+    if not torch.backends.cuda.is_flash_attention_available():
+        return "efficient", "this torch build has no FlashAttention kernels"
+    return "flash", f"compute capability {capability} with {dtype}"
 
 
 def _extension_problem() -> str | None:
@@ -87,6 +105,7 @@ class _MixedPlan:
     decode_tokens: torch.Tensor | None  # [Bd] their token index
     decode_max_len: int
     prefill_tokens: torch.Tensor | None  # [Tp] token indices of the other sequences
+    prefill_range: tuple[int, int] | None  # (start, end) when those tokens are back to back
     cu_seqlens_q: torch.Tensor | None  # [Np + 1] int32
     cu_seqlens_k: torch.Tensor | None  # [Np + 1] int32 (== cu_seqlens_q without prefix hits)
     max_q: int
@@ -105,13 +124,17 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     def on_device(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-    plan = _MixedPlan(None, None, 0, None, None, None, 0, 0, None)
+    plan = _MixedPlan(None, None, 0, None, None, None, None, 0, 0, None)
     if decodes:
         plan.decode_seqs = on_device(decodes)
         plan.decode_tokens = on_device([starts[i] for i in decodes])
         plan.decode_max_len = max(seq_lens[i] for i in decodes)
     if prefills:
-        plan.prefill_tokens = on_device([t for i in prefills for t in range(starts[i], starts[i + 1])])
+        tokens = [t for i in prefills for t in range(starts[i], starts[i + 1])]
+        if tokens[-1] - tokens[0] + 1 == len(tokens):
+            plan.prefill_range = (tokens[0], tokens[-1] + 1)
+        else:
+            plan.prefill_tokens = on_device(tokens)
         p_q = [q_lens[i] for i in prefills]
         p_k = [seq_lens[i] for i in prefills]
         plan.cu_seqlens_q = on_device([0] + torch.tensor(p_q).cumsum(0).tolist(), torch.int32)
@@ -134,6 +157,7 @@ class VoltaPagedImpl(AttentionImplBase):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
         super().__init__(num_heads, head_size, scale, num_kv_heads)
         self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
+        self.prefill_kernel: str | None = None  # "flash" / "efficient", chosen at the first prefill
 
     def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                           slot_mapping: torch.Tensor) -> None:
@@ -165,8 +189,15 @@ class VoltaPagedImpl(AttentionImplBase):
             self._decode(dec_out, q[plan.decode_tokens], kv_cache, md.block_table[plan.decode_seqs],
                          md.seq_lens[plan.decode_seqs], plan.decode_max_len)
             out[plan.decode_tokens] = dec_out
-        if plan.prefill_tokens is not None:
-            out[plan.prefill_tokens] = self._prefill(q[plan.prefill_tokens], key, value, kv_cache, plan)
+        if plan.prefill_range is not None:
+            start, end = plan.prefill_range
+            result = self._prefill(q[start:end], key[start:end], value[start:end], kv_cache, plan)
+            if (start, end) == (0, query.shape[0]):  # the whole step: no copy
+                return result.view(query.shape)
+            out[start:end] = result
+        elif plan.prefill_tokens is not None:
+            tokens = plan.prefill_tokens
+            out[tokens] = self._prefill(q[tokens], key[tokens], value[tokens], kv_cache, plan)
         return output
 
     def _launch_config(self, num_seqs: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -189,18 +220,35 @@ class VoltaPagedImpl(AttentionImplBase):
 
     def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  plan: _MixedPlan) -> torch.Tensor:
+        """q [Tq, H, D] and the step's new key/value rows of these sequences -> [Tq, H, D]."""
         kh, d = self.num_kv_heads, self.head_size
         if plan.context_slots is None:
-            k = key[plan.prefill_tokens].view(-1, kh, d)
-            v = value[plan.prefill_tokens].view(-1, kh, d)
+            k, v = key.view(-1, kh, d), value.view(-1, kh, d)
         else:  # prefix-cache hit: the whole context (cached prefix + new tokens) from the cache
             k = kv_cache[0].view(-1, kh, d)[plan.context_slots]
             v = kv_cache[1].view(-1, kh, d)[plan.context_slots]
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        if self._prefill_kernel(q) == "flash":
+            return torch.ops.aten._flash_attention_forward(
+                q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_q, plan.max_k, 0.0, True, False,
+                scale=self.scale)[0]
         if self.num_queries_per_kv > 1:  # the kernel wants one kv head per query head
             k = k.repeat_interleave(self.num_queries_per_kv, dim=1)
             v = v.repeat_interleave(self.num_queries_per_kv, dim=1)
         out = torch.ops.aten._efficient_attention_forward(
-            q.unsqueeze(0), k.to(q.dtype).unsqueeze(0), v.to(q.dtype).unsqueeze(0), None,
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
             plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_q, plan.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
             False, scale=self.scale)[0]
         return out.squeeze(0)
+
+    def _prefill_kernel(self, q: torch.Tensor) -> str:
+        if self.prefill_kernel is None:
+            from vllm_volta.platforms import current_platform
+
+            capability = current_platform.get_device_capability(q.device.index or 0)
+            self.prefill_kernel, why = choose_prefill_kernel(capability, q.dtype)
+            if (self.prefill_kernel, why) not in _logged_prefill_choices:
+                _logged_prefill_choices.add((self.prefill_kernel, why))
+                name = "FlashAttention" if self.prefill_kernel == "flash" else "memory-efficient attention"
+                logger.info("VOLTA_PAGED prefill: %s (%s)", name, why)
+        return self.prefill_kernel

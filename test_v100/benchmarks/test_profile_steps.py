@@ -1,0 +1,33 @@
+"""profile_steps: decode or prefill steps of a real engine (tiny-llama on CPU: no CUDA kernels,
+so only the step counts and wall times carry information here)."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.profile_steps import main
+
+
+def test_decode_phase_profiles_the_requested_number_of_steps(capsys):
+    doc = main(["--config", "tiny-llama", "--batch-size", "2", "--input-len", "8",
+                "--output-len", "12", "--warmup-steps", "2", "--profile-steps", "4"])
+    assert capsys.readouterr().out.strip().startswith("{")
+    assert doc["phase"] == "decode" and doc["profiled_steps"] == 4
+    assert doc["wall_ms_per_step"] > 0 and doc["gpu_kernel_ms_per_step"] == 0.0
+
+
+@pytest.mark.parametrize("budget, expected_steps", [(None, 1), ("16", 3)])
+def test_prefill_phase_profiles_the_steps_that_run_the_prompts(budget, expected_steps):
+    # 3 prompts of 16 tokens: one step, or one step per prompt under a 16-token budget.
+    argv = ["--config", "tiny-llama", "--batch-size", "3", "--input-len", "16",
+            "--output-len", "2", "--phase", "prefill"]
+    if budget is not None:
+        argv += ["--max-num-batched-tokens", budget, "--max-model-len", "32"]
+    doc = main(argv)
+    assert doc["phase"] == "prefill" and doc["profiled_steps"] == expected_steps
+    assert doc["wall_ms_per_step"] > 0
+
+
+def test_decode_phase_needs_enough_output_tokens():
+    with pytest.raises(ValueError, match="--output-len"):
+        main(["--config", "tiny-llama", "--output-len", "10", "--warmup-steps", "5",
+              "--profile-steps", "5"])
