@@ -1,7 +1,7 @@
 // CUDA registrations of the native kernels. Compiled only in CUDA builds; the norm and
 // activation kernels are replaced by the V100 adapter when every target arch is below
 // SM80 (VLLM_V100_ADAPTER, see csrc/torch_bindings.cpp), so each (op, CUDA) has exactly
-// one kernel. The paged-attention, rotary-embedding and sampling kernels are Volta-safe
+// one kernel. The paged-attention, rotary-embedding, sampling and gemv kernels are Volta-safe
 // and registered in every build.
 #include "ops.h"
 
@@ -24,4 +24,5 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("paged_attention_decode", TORCH_BOX(&paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
+  m.impl("gemv", TORCH_BOX(&gemv));
 }

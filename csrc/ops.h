@@ -31,6 +31,7 @@ void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tens
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                            Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
+void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -51,6 +52,9 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
 
 // ---- random sampling (Gumbel-max over the logits), Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
 void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
+
+// ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
+void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 #endif
 
 }  // namespace vllm_volta

@@ -4,11 +4,12 @@
 //   Meta  : validation only (shape/dtype checks; these ops return nothing)
 //   CUDA  : the adapter here when VLLM_V100_ADAPTER, else the native kernels
 //           (csrc/cuda_bindings.cpp, under #ifndef VLLM_V100_ADAPTER)
-// The paged-attention, rotary-embedding and sampling ops have CUDA kernels only (Volta-safe,
+// The paged-attention, rotary-embedding, sampling and gemv ops have CUDA kernels only (Volta-safe,
 // registered in every CUDA build by csrc/cuda_bindings.cpp) plus Meta.
 // `_C_adapter` exposes the same adapter functions under their own namespace so a
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
+#include "gemv_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
 #include "sampling_checks.h"
@@ -52,6 +53,10 @@ void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tenso
   check_gumbel_sample_args(sampled, logits, temperature, seeds);
 }
 
+void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
+  check_gemv_args(out, input, weight, bias, rows_per_block);
+}
+
 }  // namespace vllm_volta
 
 using namespace vllm_volta;
@@ -81,6 +86,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
         "Tensor cos_sin_cache, bool is_neox) -> ()");
   // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
+  // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4.
+  m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -97,6 +104,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("paged_attention_decode", TORCH_BOX(&meta_paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
+  m.impl("gemv", TORCH_BOX(&meta_gemv));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

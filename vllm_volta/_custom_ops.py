@@ -107,3 +107,15 @@ def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torc
     [B], > 0 (not checked: that would need a device sync).
     """
     torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds)
+
+
+def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         rows_per_block: int = 0) -> None:
+    """``out`` [M, N] <- ``input`` [M, K] @ ``weight`` [N, K]^T (+ ``bias``). CUDA, float16 only.
+
+    The decode-step matrix-vector product for 1 <= M <= 4 tokens: one pass over the weight
+    with 16-byte loads, FP32 accumulation. K must be a multiple of 8; input/out rows may be
+    strided (row stride a multiple of 8 elements); ``rows_per_block`` (0 = automatic, 2, 4, 8)
+    is the launch's weight rows per block.
+    """
+    torch.ops._C.gemv(out, input, weight, bias, rows_per_block)

@@ -96,6 +96,18 @@ def _parse_cpu_kvcache_space(value: str | None) -> float:
     return gib
 
 
+def _parse_switch(name: str, default: bool) -> Callable[[str | None], bool]:
+    def parse(value: str | None) -> bool:
+        if value is None:
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}={value!r} is not a switch; expected 1/0, true/false, yes/no or on/off")
+    return parse
+
+
 def _parse_backend_name(value: str | None) -> str | None:
     # Names are validated against the registry by the selector, which knows the full list.
     return None if value is None else value.upper()
@@ -138,6 +150,13 @@ ENV_VARS: dict[str, EnvVar] = {
             "Force one attention backend by name (e.g. TORCH_SDPA, VOLTA_PAGED); it is still "
             "checked against the device. Unset: the platform's priority list decides.",
             _parse_backend_name,
+        ),
+        EnvVar(
+            "VLLM_VOLTA_DECODE_GEMV",
+            "Linear layers multiply 1 to 4 float16 token rows on a CUDA GPU (decode steps) with "
+            "vllm_volta's gemv kernel (on by default); 0 gives every size to cuBLAS. Read when a "
+            "model is built.",
+            _parse_switch("VLLM_VOLTA_DECODE_GEMV", True),
         ),
     )
 }

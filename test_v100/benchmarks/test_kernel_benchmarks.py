@@ -32,3 +32,17 @@ def test_max_seq_len_defaults_to_context_and_must_cover_it():
     assert _shape_args("--context-len", "512", "--max-seq-len", "8192").max_seq_len == 8192
     with pytest.raises(ValueError, match="--max-seq-len .* must be >= --context-len"):
         _shape_args("--context-len", "512", "--max-seq-len", "256")
+
+
+def test_gemv_benchmark_shapes_come_from_the_config():
+    from benchmarks.kernels.benchmark_gemv import layer_shapes, parse_args
+
+    llama = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "intermediate_size": 14336}
+    assert layer_shapes(llama) == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                                   "down": (4096, 14336)}
+    qwen3 = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "intermediate_size": 3072}
+    assert layer_shapes(qwen3)["qkv"] == (4096, 1024) and layer_shapes(qwen3)["o"] == (1024, 2048)
+    with pytest.raises(ValueError, match="--batch-sizes must be in 1..4"):
+        parse_args(["--batch-sizes", "1", "8"])

@@ -32,6 +32,7 @@ CUDA_ONLY_OPS = {
         "bool is_neox) -> ()"
     ),
     "gumbel_sample": "gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()",
+    "gemv": "gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()",
 }
 
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")

@@ -8,9 +8,9 @@ parallel size. ``forward`` returns the output tensor (vLLM also returns an unuse
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vllm_volta.model_executor.layers.decode_gemv import gemv_enabled, linear
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
@@ -62,12 +62,13 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.use_gemv = gemv_enabled()  # decode-sized float16 inputs on CUDA (decode_gemv.py)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.use_gemv)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
@@ -202,8 +203,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = F.linear(x, self.weight)
+            return linear(x, self.weight, self.bias, self.use_gemv)
+        out = linear(x, self.weight, None, self.use_gemv)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         return out + self.bias if self.bias is not None else out

@@ -1,0 +1,59 @@
+"""Which matrix product a linear layer runs: the _C gemv kernel for decode-sized inputs.
+
+A decode step multiplies 1 to a few token rows by every weight matrix, so it is bound by
+reading the weights. cuBLAS splits such products over K with a second reduction kernel and
+reaches a smaller share of the memory bandwidth on the smaller projections; ``gemv`` reads
+each weight once with 16-byte loads in one kernel (benchmarks/kernels/benchmark_gemv.py
+measures both). Layers use it for float16 inputs of 1 or 2 rows on CUDA (Volta and newer);
+every other case, and every case with VLLM_VOLTA_DECODE_GEMV=0, goes to F.linear.
+
+Measured on an H200 (Llama-3-8B projections, one decoder layer's four GEMVs, CUDA graphs):
+1 row 106 us vs cuBLAS 121 us, 2 rows 109 vs 114, 4 rows 146 vs 115. So 2 rows is the
+limit here, although the kernel takes up to 4.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm_volta.logger import init_logger
+
+logger = init_logger(__name__)
+
+GEMV_MAX_ROWS = 2  # where it beats cuBLAS (the kernel itself takes up to kGemvMaxRows = 4)
+_announced = False
+
+
+def gemv_enabled() -> bool:
+    """Whether layers built now may use gemv: switched on, and a CUDA gemv kernel exists."""
+    from vllm_volta import envs
+    if not envs.VLLM_VOLTA_DECODE_GEMV:
+        return False
+    try:
+        from vllm_volta._custom_ops import has_cuda_kernel
+    except ImportError:
+        return False
+    return has_cuda_kernel("gemv")
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """gemv's contract: float16 CUDA rows, 1 to 4 of them, 16-byte aligned vectors."""
+    return (x.dim() == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.is_cuda and x.dtype == torch.float16
+            and weight.dtype == torch.float16 and x.shape[1] % 8 == 0 and x.stride(1) == 1
+            and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0
+            and weight.is_contiguous() and weight.data_ptr() % 16 == 0)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool) -> torch.Tensor:
+    """x W^T + b, through gemv when `use_gemv` and the input fits it, else F.linear."""
+    if use_gemv and gemv_applies(x, weight):
+        global _announced
+        if not _announced:
+            _announced = True
+            logger.info("Linear layers: gemv kernel for 1-%d float16 token rows (decode), cuBLAS "
+                        "for larger inputs", GEMV_MAX_ROWS)
+        from vllm_volta import _custom_ops as ops
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        ops.gemv(out, x, weight, bias)
+        return out
+    return F.linear(x, weight, bias)
