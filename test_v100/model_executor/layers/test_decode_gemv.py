@@ -53,3 +53,71 @@ def test_matches_f_linear(device, rows, monkeypatch):
     out = linear(x, w, b, use_gemv=True)
     assert len(calls) == (1 if rows <= 2 else 0)
     torch.testing.assert_close(out.double(), x.double() @ w.double().t() + b.double(), atol=2e-3, rtol=2e-3)
+
+
+def _modules(device, hidden=256, out=96, bias=True):
+    from vllm_volta.model_executor.layers.layernorm import RMSNorm
+    from vllm_volta.model_executor.layers.linear import ColumnParallelLinear
+
+    torch.manual_seed(0)
+    norm = RMSNorm(hidden, 1e-6, params_dtype=torch.float16).to(device)
+    norm.weight.data = (1 + 0.1 * torch.randn(hidden, device=device)).half()
+    layer = ColumnParallelLinear(hidden, out, bias=bias, params_dtype=torch.float16).to(device)
+    layer.weight.data = (torch.randn(out, hidden, device=device) / hidden ** 0.5).half()
+    if bias:
+        layer.bias.data = torch.randn(out, device=device).half()
+    return norm, layer
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_linear_fused_matches_unfused(device, rows, with_residual, monkeypatch):
+    from vllm_volta.model_executor.layers.decode_gemv import rms_norm_linear
+
+    norm, layer = _modules(device)
+    assert layer.use_gemv
+    x = torch.randn(rows, 256, device=device).half()
+    residual = torch.randn(rows, 256, device=device).half() if with_residual else None
+    calls = []
+    real = torch.ops._C.rms_norm_gemv
+    import vllm_volta._custom_ops as ops
+    monkeypatch.setattr(ops, "rms_norm_gemv", lambda *a: calls.append(1) or real(*a))
+    out, new_residual = rms_norm_linear(x.clone(), None if residual is None else residual.clone(), norm, layer)
+    assert len(calls) == (1 if rows <= 2 else 0)
+    layer.use_gemv = False  # the reference: the norm op, then cuBLAS
+    ref_out, ref_residual = rms_norm_linear(x.clone(), None if residual is None else residual.clone(), norm, layer)
+    assert torch.equal(new_residual, ref_residual)
+    torch.testing.assert_close(out, ref_out, atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_act_linear_fused_matches_unfused(device, rows):
+    from vllm_volta.model_executor.layers.activation import SiluAndMul
+    from vllm_volta.model_executor.layers.decode_gemv import act_linear
+
+    _, layer = _modules(device, hidden=128, out=64, bias=False)
+    gate_up = (2 * torch.randn(rows, 256, device=device)).half()
+    out = act_linear(gate_up, SiluAndMul(), layer)
+    layer.use_gemv = False
+    torch.testing.assert_close(out, act_linear(gate_up, SiluAndMul(), layer), atol=4e-3, rtol=4e-3)
+
+
+def test_cpu_fallbacks_are_the_plain_ops():
+    from vllm_volta.model_executor.layers.activation import SiluAndMul
+    from vllm_volta.model_executor.layers.decode_gemv import act_linear, rms_norm_linear
+
+    norm, layer = _modules("cpu")
+    norm, layer = norm.float(), layer.float()
+    x, residual = torch.randn(2, 256), torch.randn(2, 256)
+    out, new_residual = rms_norm_linear(x.clone(), residual.clone(), norm, layer)
+    assert torch.equal(new_residual, x + residual)
+    expected_norm, _ = norm(x.clone(), residual.clone())
+    assert torch.equal(out, F.linear(expected_norm, layer.weight, layer.bias))
+    out0, same = rms_norm_linear(x, None, norm, layer)
+    assert same is x and torch.equal(out0, F.linear(norm(x), layer.weight, layer.bias))
+    gate_up = torch.randn(2, 192)
+    small = torch.nn.Linear(96, 8).float()
+    small.use_gemv, small.tp_size = False, 1
+    assert torch.equal(act_linear(gate_up, SiluAndMul(), small), small(SiluAndMul()(gate_up)))
