@@ -25,6 +25,4 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
   m.impl("gemv", TORCH_BOX(&gemv));
-  m.impl("rms_norm_gemv", TORCH_BOX(&rms_norm_gemv));
-  m.impl("silu_and_mul_gemv", TORCH_BOX(&silu_and_mul_gemv));
 }

@@ -32,9 +32,6 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
                            Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
-void meta_rms_norm_gemv(Tensor out, Tensor input, std::optional<Tensor> residual, std::optional<Tensor> residual_out,
-                        Tensor norm_weight, double epsilon, Tensor weight, std::optional<Tensor> bias);
-void meta_silu_and_mul_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -58,9 +55,6 @@ void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor see
 
 // ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
 void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
-void rms_norm_gemv(Tensor out, Tensor input, std::optional<Tensor> residual, std::optional<Tensor> residual_out,
-                   Tensor norm_weight, double epsilon, Tensor weight, std::optional<Tensor> bias);
-void silu_and_mul_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias);
 #endif
 
 }  // namespace vllm_volta

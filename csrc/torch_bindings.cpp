@@ -56,13 +56,6 @@ void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tenso
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args(out, input, weight, bias, rows_per_block);
 }
-void meta_rms_norm_gemv(Tensor out, Tensor input, std::optional<Tensor> residual, std::optional<Tensor> residual_out,
-                        Tensor norm_weight, double epsilon, Tensor weight, std::optional<Tensor> bias) {
-  check_rms_norm_gemv_args(out, input, residual, residual_out, norm_weight, epsilon, weight, bias);
-}
-void meta_silu_and_mul_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias) {
-  check_silu_and_mul_gemv_args(out, input, weight, bias);
-}
 
 }  // namespace vllm_volta
 
@@ -95,11 +88,6 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4.
   m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
-  // The same product of rms_norm(input (+ residual)) * norm_weight (residual_out <- input + residual),
-  // and of silu(gate) * up for input = [gate | up]: the elementwise op runs inside the GEMV.
-  m.def("rms_norm_gemv(Tensor! out, Tensor input, Tensor? residual, Tensor!? residual_out, Tensor norm_weight, "
-        "float epsilon, Tensor weight, Tensor? bias) -> ()");
-  m.def("silu_and_mul_gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -117,8 +105,6 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
   m.impl("gemv", TORCH_BOX(&meta_gemv));
-  m.impl("rms_norm_gemv", TORCH_BOX(&meta_rms_norm_gemv));
-  m.impl("silu_and_mul_gemv", TORCH_BOX(&meta_silu_and_mul_gemv));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

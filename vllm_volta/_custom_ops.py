@@ -119,19 +119,3 @@ def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: tor
     is the launch's weight rows per block.
     """
     torch.ops._C.gemv(out, input, weight, bias, rows_per_block)
-
-
-def rms_norm_gemv(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor | None,
-                  residual_out: torch.Tensor | None, norm_weight: torch.Tensor, epsilon: float,
-                  weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-    """``gemv`` of rms_norm(input (+ residual)) * norm_weight, the norm computed inside the
-    kernel; with a residual, ``residual_out`` <- input + residual. Same rounding as
-    ``rms_norm`` / ``fused_add_rms_norm`` followed by ``gemv``. CUDA, float16, 1-4 rows."""
-    torch.ops._C.rms_norm_gemv(out, input, residual, residual_out, norm_weight, epsilon, weight, bias)
-
-
-def silu_and_mul_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                      bias: torch.Tensor | None = None) -> None:
-    """``gemv`` of silu(gate) * up for ``input`` = [gate | up] ([M, 2K]), the activation computed
-    inside the kernel (same rounding as ``silu_and_mul`` then ``gemv``). CUDA, float16, 1-4 rows."""
-    torch.ops._C.silu_and_mul_gemv(out, input, weight, bias)

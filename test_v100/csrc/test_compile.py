@@ -74,10 +74,8 @@ NVRTC_UNITS = {
                            for neox in ("true", "false")],
     "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")]
     + ["&vllm_volta::gumbel_unpack_kernel"],
-    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvPrologue::kNone>"
-                         for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))]
-    + [f"&vllm_volta::gemv_kernel<{m}, 4, 2, vllm_volta::GemvPrologue::{p}>"
-       for m in (1, 2, 3, 4) for p in ("kRmsNorm", "kAddRmsNorm", "kSiluAndMul")],
+    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}>"
+                         for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))],
 }
 
 

@@ -33,11 +33,6 @@ CUDA_ONLY_OPS = {
     ),
     "gumbel_sample": "gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()",
     "gemv": "gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()",
-    "rms_norm_gemv": (
-        "rms_norm_gemv(Tensor! out, Tensor input, Tensor? residual, Tensor!? residual_out, Tensor norm_weight, "
-        "float epsilon, Tensor weight, Tensor? bias) -> ()"
-    ),
-    "silu_and_mul_gemv": "silu_and_mul_gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias) -> ()",
 }
 
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")

@@ -17,7 +17,6 @@ from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger, warning_once
 from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
-from vllm_volta.model_executor.layers.decode_gemv import act_linear, rms_norm_linear
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
@@ -41,11 +40,7 @@ class LlamaMLP(nn.Module):
         self.act_fn = get_act_and_mul_fn(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """down_proj(act(gate) * up), fused into one kernel at decode sizes (decode_gemv.py)."""
-        return act_linear(gate_up, self.act_fn, self.down_proj)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):
@@ -71,11 +66,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        return self.attend(positions, self.qkv_proj(hidden_states), kv_cache, attn_metadata)
-
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache: torch.Tensor,
-               attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """Everything after the qkv projection: q/k norm, RoPE, attention, o_proj."""
+        qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
@@ -101,13 +92,14 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        # Each norm runs inside the projection after it at decode sizes (decode_gemv.py).
-        qkv, residual = rms_norm_linear(hidden_states, residual, self.input_layernorm,
-                                        self.self_attn.qkv_proj)
-        hidden_states = self.self_attn.attend(positions, qkv, kv_cache, attn_metadata)
-        gate_up, residual = rms_norm_linear(hidden_states, residual, self.post_attention_layernorm,
-                                            self.mlp.gate_up_proj)
-        return self.mlp.down(gate_up), residual
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
 
 
 class LlamaModel(nn.Module):
