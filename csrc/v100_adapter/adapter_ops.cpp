@@ -31,7 +31,7 @@ void act_and_mul(const char* op, const char* out_arg, Tensor out, Tensor input, 
 void adapter_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon) {
   check_norm_args("rms_norm", "result", result, "input", input, weight, epsilon);
   if (is_empty(input)) return;
-  torch::stable::copy_(result, aten::fused_rms_norm(input, weight, epsilon));
+  aten::mul_out(aten::fused_rms_norm(input, epsilon), weight, result);
 }
 
 void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon) {
@@ -40,7 +40,7 @@ void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, do
   // residual <- input + residual. aten::add carries a Scalar alpha, which the stable
   // dispatcher cannot box; subtract(a, b, alpha=-1) is the stable-ABI spelling of a + b.
   torch::stable::copy_(residual, torch::stable::subtract(residual, input, -1.0));
-  torch::stable::copy_(input, aten::fused_rms_norm(residual, weight, epsilon));
+  aten::mul_out(aten::fused_rms_norm(residual, epsilon), weight, input);
 }
 
 void adapter_silu_and_mul(Tensor result, Tensor input) {

@@ -46,13 +46,12 @@ inline void mul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
   (void)to<Tensor>(stack[0]);  // release the returned reference to `out`
 }
 
-// x * rsqrt(mean(x^2, -1) + eps) * weight in one kernel (fp32 statistics and products, one
-// rounding to x's dtype at the end; a separate product by the weight would be a broadcasting
-// elementwise pass, which ATen runs on its slow non-contiguous path).
-inline Tensor fused_rms_norm(const Tensor& x, const Tensor& weight, double epsilon) {
+// x * rsqrt(mean(x^2, -1) + eps), fp32 accumulation, result in x's dtype (no weight:
+// the caller multiplies by the weight in x's dtype, as HF/vLLM RMSNorm do).
+inline Tensor fused_rms_norm(const Tensor& x, double epsilon) {
   const std::vector<int64_t> normalized_shape{x.size(-1)};
-  std::array<StableIValue, 4> stack{from(x), from(normalized_shape), from(std::optional<Tensor>(weight)),
-                                    from(std::optional<double>(epsilon))};
+  std::array<StableIValue, 4> stack{from(x), from(normalized_shape),
+                                    from(std::optional<Tensor>()), from(std::optional<double>(epsilon))};
   call("aten::_fused_rms_norm", "", stack);
   (void)to<Tensor>(stack[1]);  // rstd: not needed, free it
   return to<Tensor>(stack[0]);
