@@ -51,6 +51,8 @@ do_kernels() {
   python benchmarks/kernels/benchmark_paged_attention.py --output-json "$out/paged_native.json" >/dev/null
   in_volta python benchmarks/kernels/benchmark_paged_attention.py \
     --output-json "$out/paged_volta.json" >/dev/null
+  python benchmarks/kernels/benchmark_gemv.py --output-json "$out/gemv_native.json" >/dev/null
+  in_volta python benchmarks/kernels/benchmark_gemv.py --output-json "$out/gemv_volta.json" >/dev/null
 }
 
 do_e2e() {
