@@ -153,7 +153,7 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_VOLTA_DECODE_GEMV",
-            "Linear layers multiply 1 to 4 float16 token rows on a CUDA GPU (decode steps) with "
+            "Linear layers multiply 1 or 2 float16 token rows on a CUDA GPU (decode steps) with "
             "vllm_volta's gemv kernel (on by default); 0 gives every size to cuBLAS. Read when a "
             "model is built.",
             _parse_switch("VLLM_VOLTA_DECODE_GEMV", True),

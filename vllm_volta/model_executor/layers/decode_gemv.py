@@ -37,7 +37,7 @@ def gemv_enabled() -> bool:
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """gemv's contract: float16 CUDA rows, 1 to 4 of them, 16-byte aligned vectors."""
+    """gemv's contract (float16 CUDA rows, 16-byte aligned vectors), for 1 to GEMV_MAX_ROWS rows."""
     return (x.dim() == 2 and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.is_cuda and x.dtype == torch.float16
             and weight.dtype == torch.float16 and x.shape[1] % 8 == 0 and x.stride(1) == 1
             and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0
