@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_volta.model_executor.layers import decode_gemv
 from vllm_volta.model_executor.layers.decode_gemv import gemv_applies, gemv_enabled, linear
 from vllm_volta.model_executor.layers.linear import RowParallelLinear
 
@@ -44,7 +43,6 @@ def test_which_inputs_gemv_takes(device):
 def test_matches_f_linear(device, rows, monkeypatch):
     calls = []
     real_gemv = torch.ops._C.gemv
-    monkeypatch.setattr(decode_gemv, "_announced", True)
     import vllm_volta._custom_ops as ops
     monkeypatch.setattr(ops, "gemv", lambda *a, **k: calls.append(1) or real_gemv(*a, **k))
     x = torch.randn(rows, 256, dtype=torch.float16, device=device)

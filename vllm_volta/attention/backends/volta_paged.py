@@ -24,7 +24,7 @@ import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.metadata import AttentionMetadata
-from vllm_volta.logger import init_logger
+from vllm_volta.logger import info_once, init_logger
 
 if TYPE_CHECKING:
     from vllm_volta.platforms.interface import DeviceCapability
@@ -35,7 +35,6 @@ DEFAULT_LAUNCH_CONFIG = {"partition_size": 512, "num_threads": 128}
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
 
 logger = init_logger(__name__)
-_logged_prefill_choices: set[tuple[str, str]] = set()
 
 
 def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtype) -> tuple[str, str]:
@@ -247,8 +246,6 @@ class VoltaPagedImpl(AttentionImplBase):
 
             capability = current_platform.get_device_capability(q.device.index or 0)
             self.prefill_kernel, why = choose_prefill_kernel(capability, q.dtype)
-            if (self.prefill_kernel, why) not in _logged_prefill_choices:
-                _logged_prefill_choices.add((self.prefill_kernel, why))
-                name = "FlashAttention" if self.prefill_kernel == "flash" else "memory-efficient attention"
-                logger.info("VOLTA_PAGED prefill: %s (%s)", name, why)
+            name = "FlashAttention" if self.prefill_kernel == "flash" else "memory-efficient attention"
+            info_once(logger, "VOLTA_PAGED prefill: %s (%s)", name, why)
         return self.prefill_kernel

@@ -16,12 +16,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vllm_volta.logger import init_logger
+from vllm_volta.logger import info_once, init_logger
 
 logger = init_logger(__name__)
 
 GEMV_MAX_ROWS = 2  # where it beats cuBLAS (the kernel itself takes up to kGemvMaxRows = 4)
-_announced = False
 
 
 def gemv_enabled() -> bool:
@@ -33,7 +32,11 @@ def gemv_enabled() -> bool:
         from vllm_volta._custom_ops import has_cuda_kernel
     except ImportError:
         return False
-    return has_cuda_kernel("gemv")
+    if not has_cuda_kernel("gemv"):
+        return False
+    info_once(logger, "Linear layers: gemv kernel for 1-%d float16 token rows on CUDA (decode), "
+              "cuBLAS for larger inputs", GEMV_MAX_ROWS)
+    return True
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -47,11 +50,6 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool) -> torch.Tensor:
     """x W^T + b, through gemv when `use_gemv` and the input fits it, else F.linear."""
     if use_gemv and gemv_applies(x, weight):
-        global _announced
-        if not _announced:
-            _announced = True
-            logger.info("Linear layers: gemv kernel for 1-%d float16 token rows (decode), cuBLAS "
-                        "for larger inputs", GEMV_MAX_ROWS)
         from vllm_volta import _custom_ops as ops
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
         ops.gemv(out, x, weight, bias)
