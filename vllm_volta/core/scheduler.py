@@ -43,11 +43,15 @@ class ScheduledRequest:
     @classmethod
     def make(cls, request: Request, num_new_tokens: int, num_computed_tokens: int,
              block_ids: list[int]) -> ScheduledRequest:
+        # Plain attribute reads and positional arguments: the scheduler calls this once per
+        # request per step.
         end = num_computed_tokens + num_new_tokens
-        tokens = request.all_token_ids[num_computed_tokens:end]
-        tokens += [PENDING_TOKEN] * (num_new_tokens - len(tokens))
+        known = request.all_token_ids
+        tokens = known[num_computed_tokens:end]
+        if len(tokens) < num_new_tokens:
+            tokens += [PENDING_TOKEN] * (num_new_tokens - len(tokens))
         return cls(request, num_new_tokens, num_computed_tokens, block_ids,
-                   samples=end == request.num_tokens + request.num_pending, token_ids=tokens)
+                   end == len(known) + request.num_pending, tokens)
 
 
 PENDING_TOKEN = -1  # token ids are validated non-negative
@@ -205,21 +209,12 @@ class Scheduler:
         """Add the request's share of the step and advance it: its computed tokens count
         the step's inputs from now on, and a sampled token is pending until the step's
         output is applied (update_from_output) or rolled back (step_failed)."""
-        # ScheduledRequest.make, inlined: this runs once per request per step.
-        start = request.num_computed_tokens
-        end = start + num_new
-        tokens = request.all_token_ids
-        num_known = len(tokens)
-        samples = end == num_known + request.num_pending
-        step_tokens = tokens[start:end]
-        if end > num_known:
-            step_tokens += [PENDING_TOKEN] * (end - max(start, num_known))
-        out.scheduled.append(ScheduledRequest(
-            request, num_new, start, self.kv_cache_manager.get_block_ids(request.request_id),
-            samples, step_tokens))
+        sched = ScheduledRequest.make(request, num_new, request.num_computed_tokens,
+                                      self.kv_cache_manager.get_block_ids(request.request_id))
+        out.scheduled.append(sched)
         out.total_num_scheduled_tokens += num_new
-        request.num_computed_tokens = end
-        request.num_pending += samples
+        request.num_computed_tokens += num_new
+        request.num_pending += sched.samples
 
     def _preempt(self, request: Request) -> None:
         # Recompute-style preemption: drop the KV, keep the tokens, requeue at the front.
