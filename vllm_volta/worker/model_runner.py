@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vllm_volta.config import VllmConfig
@@ -41,8 +42,9 @@ class ModelRunnerOutput:
 
 @dataclass
 class PendingOutput:
-    """A launched step. With async scheduling its sampled token ids are still being copied
-    to the host (pinned buffer + event); result() waits for them and fills the output."""
+    """A launched step. Its sampled token ids (one per request of `req_ids`) are turned into
+    the output by result(); with async scheduling they are still being copied to the host
+    (pinned buffer + `ready` event), and result() waits for them."""
 
     output: ModelRunnerOutput
     req_ids: list[str] = field(default_factory=list)
@@ -51,7 +53,8 @@ class PendingOutput:
 
     def result(self) -> ModelRunnerOutput:
         if self.host_ids is not None:
-            self.ready.synchronize()
+            if self.ready is not None:
+                self.ready.synchronize()
             self.output.sampled_token_ids = {
                 rid: [token] for rid, token in zip(self.req_ids, self.host_ids.tolist())}
             self.host_ids = None
@@ -160,14 +163,13 @@ class ModelRunner:
         scheduling): copied on the device from that step's sampled ids."""
         if not self._prev_rows:
             return
-        rows = self._prev_rows
-        dst, src = [], []
-        for i, s in enumerate(scheduled):
-            if s.token_ids[-1] == PENDING_TOKEN:  # only a request's newest token can be
-                dst.append(int(inp.query_start_loc[i + 1]) - 1)
-                src.append(rows[s.request.request_id])
-        if dst:
-            index = torch.tensor([dst, src], dtype=torch.int64)
+        # Only a request's newest token can be pending: the last input row of its sequence.
+        waiting = [i for i, s in enumerate(scheduled) if s.token_ids[-1] == PENDING_TOKEN]
+        if waiting:
+            rows = self._prev_rows
+            dst = (inp.query_start_loc[1:] - 1)[waiting]
+            src = [rows[scheduled[i].request.request_id] for i in waiting]
+            index = torch.tensor(np.stack([dst, src]), dtype=torch.int64)
             if self.device.type == "cuda":
                 index = index.pin_memory().to(self.device, non_blocking=True)
             inp.input_ids[index[0]] = self._prev_sampled[index[1]]
@@ -196,17 +198,16 @@ class ModelRunner:
         req_ids = [s.request.request_id for s in reqs]
         ids = result.sampled_token_ids
         output = pending.output
+        pending.req_ids = req_ids
+        pending.host_ids = ids
         if self.async_scheduling:
             self._prev_sampled = ids
             self._prev_rows = {rid: j for j, rid in enumerate(req_ids)}
-        if self.async_scheduling and ids.is_cuda:
-            pending.req_ids = req_ids
-            pending.host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            pending.host_ids.copy_(ids, non_blocking=True)
-            pending.ready = torch.cuda.Event()
-            pending.ready.record()
-        else:
-            output.sampled_token_ids = {rid: [token] for rid, token in zip(req_ids, ids.tolist())}
+            if ids.is_cuda:
+                pending.host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+                pending.host_ids.copy_(ids, non_blocking=True)
+                pending.ready = torch.cuda.Event()
+                pending.ready.record()
         if result.logprobs_tensors is not None:
             ids, lps, ranks = result.logprobs_tensors.tolists()
             for j, s in enumerate(reqs):
