@@ -39,6 +39,8 @@ def server_flags(engine_kwargs: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
         elif value is not False:
             flags += [flag, str(value)]
     return flags

@@ -25,4 +25,6 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
   m.impl("gemv", TORCH_BOX(&gemv));
+  m.impl("gemv_silu_and_mul", TORCH_BOX(&gemv_silu_and_mul));
+  m.impl("gemv_add", TORCH_BOX(&gemv_add));
 }

@@ -1,8 +1,11 @@
-// Host launcher of gemv (device code: kernels/gemv.cuh). No host sync; CUDA-graph capturable.
+// Host launchers of gemv, gemv_silu_and_mul and gemv_add (device code: kernels/gemv.cuh). No
+// host sync; CUDA-graph capturable.
 #include "cuda_launch.h"
 #include "gemv_checks.h"
 #include "kernels/gemv.cuh"
 #include "ops.h"
+
+#include <utility>
 
 namespace vllm_volta {
 
@@ -24,15 +27,23 @@ void dispatch_gemv_rows(int64_t m, F&& f) {
 // per SM to balance over.
 constexpr int64_t kGemvDefaultRowsPerBlock = 4;
 
-}  // namespace
-
-void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
-  const char* op = "gemv";
-  const GemvArgs a = check_gemv_args(out, input, weight, bias, rows_per_block);
+template <GemvEpilogue E>
+void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
+                 int64_t rows_per_block) {
+  constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
+  const GemvArgs a = check_gemv_args(op, out, input, weight, bias, rows_per_block, GATED);
   check_cuda(op, "input", input);
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   VLLM_VOLTA_CHECK(aligned16(input.data_ptr()) && aligned16(weight.data_ptr()), op,
                   ": 'input' and 'weight' must be 16-byte aligned");
+  // Other blocks still read the input while a block writes its outputs.
+  auto span = [](const Tensor& t) {
+    const auto* begin = static_cast<const char*>(t.data_ptr());
+    return std::make_pair(begin, begin + ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size());
+  };
+  const auto [out_begin, out_end] = span(out);
+  const auto [in_begin, in_end] = span(input);
+  VLLM_VOLTA_CHECK(out_end <= in_begin || in_end <= out_begin, op, ": 'out' must not overlap 'input'");
   torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   const cudaStream_t stream = current_stream(input);
   const int64_t rows = rows_per_block == 0 ? kGemvDefaultRowsPerBlock : rows_per_block;
@@ -41,16 +52,30 @@ void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, i
   const auto* w = static_cast<const __half*>(weight.data_ptr());
   const __half* b = bias.has_value() ? static_cast<const __half*>(bias->data_ptr()) : nullptr;
   const int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, rows)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, GATED ? rows / 2 : rows)));
   dispatch_gemv_rows(a.m, [&](auto m_tag) {
     constexpr int M = decltype(m_tag)::value;
     switch (rows) {  // R rows x U vectors: 8 weight loads in flight per thread
-      case 2: gemv_kernel<M, 2, 4><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
-      case 4: gemv_kernel<M, 4, 2><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
-      default: gemv_kernel<M, 8, 1><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
+      case 2: gemv_kernel<M, 2, 4, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
+      case 4: gemv_kernel<M, 4, 2, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
+      default: gemv_kernel<M, 8, 1, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
     }
   });
   check_launch(op);
+}
+
+}  // namespace
+
+void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
+  launch_gemv<GemvEpilogue::kNone>("gemv", out, input, weight, bias, rows_per_block);
+}
+
+void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
+  launch_gemv<GemvEpilogue::kSiluAndMul>("gemv_silu_and_mul", out, input, weight, bias, rows_per_block);
+}
+
+void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
+  launch_gemv<GemvEpilogue::kAdd>("gemv_add", out, input, weight, bias, rows_per_block);
 }
 
 }  // namespace vllm_volta

@@ -32,6 +32,9 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
                            Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
+                            int64_t rows_per_block);
+void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -55,6 +58,8 @@ void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor see
 
 // ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
 void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 #endif
 
 }  // namespace vllm_volta

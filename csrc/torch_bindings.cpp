@@ -54,7 +54,14 @@ void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tenso
 }
 
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
-  check_gemv_args(out, input, weight, bias, rows_per_block);
+  check_gemv_args("gemv", out, input, weight, bias, rows_per_block, /*gated=*/false);
+}
+void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
+                            int64_t rows_per_block) {
+  check_gemv_args("gemv_silu_and_mul", out, input, weight, bias, rows_per_block, /*gated=*/true);
+}
+void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
+  check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
 }
 
 }  // namespace vllm_volta
@@ -88,6 +95,12 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4.
   m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
+  // out [M, N] = silu(input @ weight[:N]^T) * (input @ weight[N:]^T), weight [2N, K] = [gate; up]
+  // (+ bias [2N]): an MLP's gate_up projection and its activation in one decode GEMV.
+  m.def("gemv_silu_and_mul(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
+  // out [M, N] += input @ weight^T (+ bias), the product rounded first: a projection added
+  // into the residual stream (what gemv, then fused_add_rms_norm's add, computes).
+  m.def("gemv_add(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -105,6 +118,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
   m.impl("gemv", TORCH_BOX(&meta_gemv));
+  m.impl("gemv_silu_and_mul", TORCH_BOX(&meta_gemv_silu_and_mul));
+  m.impl("gemv_add", TORCH_BOX(&meta_gemv_add));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

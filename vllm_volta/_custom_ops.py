@@ -119,3 +119,24 @@ def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: tor
     is the launch's weight rows per block.
     """
     torch.ops._C.gemv(out, input, weight, bias, rows_per_block)
+
+
+def gemv_silu_and_mul(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None = None, rows_per_block: int = 0) -> None:
+    """``out`` [M, N] <- silu(gate) * up with [gate | up] = ``input`` @ ``weight`` [2N, K]^T (+ ``bias``).
+
+    gemv for an MLP's merged gate_up projection, with silu_and_mul done by the same blocks
+    (gate and up rounded to the input dtype first, as the two ops in a row would): no [M, 2N]
+    intermediate and no activation kernel. Same contract as ``gemv`` otherwise.
+    """
+    torch.ops._C.gemv_silu_and_mul(out, input, weight, bias, rows_per_block)
+
+
+def gemv_add(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+             rows_per_block: int = 0) -> None:
+    """``out`` [M, N] += ``input`` [M, K] @ ``weight`` [N, K]^T (+ ``bias``), the product rounded to
+    the dtype first: a projection added into the residual stream in the same kernel (what gemv
+    and then fused_add_rms_norm's add compute). ``out`` must not overlap ``input``. Same
+    contract as ``gemv`` otherwise.
+    """
+    torch.ops._C.gemv_add(out, input, weight, bias, rows_per_block)

@@ -5,8 +5,15 @@
 // vectors t, t + kGemvThreads, ...), so each thread keeps U x R independent loads in flight;
 // the input vectors are read once per step and reused for the R rows. Partial sums meet
 // through warp shuffles and one shared-memory pass.
+// Epilogues, each equal to gemv followed by the op it replaces (same roundings):
+//  kSiluAndMul (an MLP's gate_up projection, weight [2N, K] = [gate; up]): a block owns R/2
+//    gate rows and the R/2 up rows that pair with them and writes out[m][j] =
+//    silu(gate_j) * up_j, gate and up rounded to FP16 first (gemv, then silu_and_mul);
+//  kAdd (a projection that feeds the residual stream): out[m][j] += the product, rounded to
+//    FP16 first (gemv, then the add of fused_add_rms_norm).
 #pragma once
 
+#include "kernels/activation.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/type_convert.cuh"
 
@@ -32,17 +39,26 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8], float
   return acc;
 }
 
-// M input rows, R weight rows per block, U vectors per thread per step in flight per row.
-template <int M, int R, int U>
+enum class GemvEpilogue { kNone, kSiluAndMul, kAdd };
+
+// M input rows, R weight rows per block, U vectors per thread per step in flight per row;
+// n output features (kSiluAndMul: the weight has 2n rows).
+template <int M, int R, int U, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(__half* __restrict__ out, int64_t out_stride, const __half* __restrict__ input, int64_t in_stride,
                 const __half* __restrict__ weight, const __half* __restrict__ bias, int n, int k) {
+  constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
+  static_assert(!GATED || R % 2 == 0, "a gated block pairs gate and up rows");
+  constexpr int kCols = GATED ? R / 2 : R;  // output features per block
   const int nvec = k / 8;
-  const int row0 = blockIdx.x * R;
+  const int col0 = blockIdx.x * kCols;
   const uint4* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r)  // rows past n read row n - 1 and are not written
-    w[r] = reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(min(row0 + r, n - 1)) * k);
+  for (int r = 0; r < R; ++r) {  // features past n read feature n - 1 and are not written
+    const int col = min(col0 + r % kCols, n - 1);
+    const int row = GATED && r >= kCols ? n + col : col;
+    w[r] = reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(row) * k);
+  }
   float acc[M][R];
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -83,13 +99,25 @@ __global__ void __launch_bounds__(kGemvThreads)
       if (lane == 0) partial[warp][m * R + r] = s;
     }
   __syncthreads();
-  if (threadIdx.x < M * R) {
-    const int m = threadIdx.x / R, row = row0 + threadIdx.x % R;
-    if (row < n) {
-      float s = bias != nullptr ? __half2float(bias[row]) : 0.f;
+  // One thread per output (m, col): its row's (GATED: its gate and up rows') sums.
+  auto row_sum = [&](int m, int r, int row) {
+    float s = bias != nullptr ? __half2float(bias[row]) : 0.f;
 #pragma unroll
-      for (int i = 0; i < kWarps; ++i) s += partial[i][threadIdx.x];
-      out[m * out_stride + row] = __float2half(s);
+    for (int i = 0; i < kWarps; ++i) s += partial[i][m * R + r];
+    return s;
+  };
+  if (threadIdx.x < M * kCols) {
+    const int m = threadIdx.x / kCols, c = threadIdx.x % kCols, col = col0 + c;
+    if (col < n) {
+      float y = row_sum(m, c, col);
+      if constexpr (GATED) {
+        const float gate = __half2float(__float2half(y));
+        const float up = __half2float(__float2half(row_sum(m, kCols + c, n + col)));
+        y = __half2float(__float2half(activate<Activation::kSilu>(gate))) * up;
+      } else if constexpr (E == GemvEpilogue::kAdd) {
+        y = __half2float(__float2half(y)) + __half2float(out[m * out_stride + col]);
+      }
+      out[m * out_stride + col] = __float2half(y);
     }
   }
 }

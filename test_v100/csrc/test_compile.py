@@ -74,8 +74,9 @@ NVRTC_UNITS = {
                            for neox in ("true", "false")],
     "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")]
     + ["&vllm_volta::gumbel_unpack_kernel"],
-    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}>"
-                         for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))],
+    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvEpilogue::{e}>"
+                         for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))
+                         for e in ("kNone", "kSiluAndMul", "kAdd")],
 }
 
 

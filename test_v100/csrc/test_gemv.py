@@ -1,5 +1,6 @@
-"""gemv (decode matrix-vector product, float16) vs a float64 reference, CUDA-graph replay, and
-its argument checks (Meta kernel: run on CPU too)."""
+"""gemv (decode matrix-vector product, float16), gemv_silu_and_mul (gate_up + silu_and_mul) and
+gemv_add (a projection added into the residual) vs float64 references, CUDA-graph replay, and
+their argument checks (Meta kernels: run on CPU too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from .op_cases import requires_gpu
 
@@ -65,6 +67,69 @@ def test_replays_in_a_cuda_graph(device):
     torch.testing.assert_close(out.double(), _reference(x, w, b), atol=2e-3, rtol=2e-3)
 
 
+def _silu_and_mul_reference(x, w, b):
+    """silu(gate) * up as gemv then silu_and_mul compute it: gate and up rounded to float16,
+    silu rounded to float16, the product rounded once."""
+    gate_up = _reference(x, w, b).half()
+    n = w.shape[0] // 2
+    gate, up = gate_up[:, :n].float(), gate_up[:, n:].float()
+    return (F.silu(gate).half().float() * up).half()
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("n,k", [(1, 8), (37, 520), (1000, 4096), (7, 2056)])
+@pytest.mark.parametrize("rows_per_block", [0, 2, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_silu_and_mul_matches_reference(device, m, n, k, rows_per_block, bias):
+    # n output features not a multiple of the block's rows / 2; the weight holds 2n rows.
+    x, w, b = _case(m, 2 * n, k, bias=bias, seed=3)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+    torch.ops._C.gemv_silu_and_mul(out, x, w, b, rows_per_block)
+    # The gate and up sums may round to neighbouring float16 values: compare in float64 with
+    # a tolerance of a few float16 ulps of the result.
+    torch.testing.assert_close(out.double(), _silu_and_mul_reference(x, w, b).double(), atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_silu_and_mul_equals_gemv_then_silu_and_mul(device, m):
+    # Same per-row summation order as gemv, the same roundings as silu_and_mul: bit-identical.
+    x, w, b = _case(m, 2 * 1500, 4096, bias=True, seed=4)
+    gate_up = torch.empty(m, 3000, dtype=torch.float16, device=device)
+    torch.ops._C.gemv(gate_up, x, w, b, 4)
+    expected = torch.empty(m, 1500, dtype=torch.float16, device=device)
+    torch.ops._C.silu_and_mul(expected, gate_up)
+    out = torch.empty(m, 1500, dtype=torch.float16, device=device)
+    torch.ops._C.gemv_silu_and_mul(out, x, w, b, 4)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("rows_per_block", [0, 2, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_add_matches_gemv_then_add(device, m, rows_per_block, bias):
+    x, w, b = _case(m, 1001, 2048, bias=bias, seed=5)
+    residual = torch.randn(m, 1001, dtype=torch.float16, device=device)
+    product = torch.empty(m, 1001, dtype=torch.float16, device=device)
+    torch.ops._C.gemv(product, x, w, b, rows_per_block)
+    expected = (product.float() + residual.float()).half()  # fused_add_rms_norm's add
+    torch.testing.assert_close(product.double() + residual.double(), _reference(x, w, b) + residual.double(),
+                               atol=2e-3, rtol=2e-3)
+    torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)
+    assert torch.equal(residual, expected)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_add_rejects_an_output_that_overlaps_the_input(device):
+    buf = torch.randn(1, 4096, dtype=torch.float16, device=device)
+    w = torch.randn(2048, 2048, dtype=torch.float16, device=device)
+    with pytest.raises(RuntimeError, match="gemv_add: 'out' must not overlap 'input'"):
+        torch.ops._C.gemv_add(buf[:, 1024:3072], buf[:, :2048], w, None, 0)
+    torch.ops._C.gemv_add(buf[:, 2048:], buf[:, :2048], w, None, 0)  # adjacent, not overlapping
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta", dtype=torch.float16)
     args = dict(out=torch.empty(2, 64, **meta), input=torch.empty(2, 32, **meta), weight=torch.empty(64, 32, **meta),
@@ -101,3 +166,29 @@ def test_bad_input_is_a_clear_error(overrides, message):
 def test_valid_meta_args_pass():
     torch.ops._C.gemv(**_meta_args())
     torch.ops._C.gemv(**_meta_args(bias=_meta(64), rows_per_block=8))
+
+
+GATED_BAD_ARGS = [
+    (dict(weight=_meta((63, 32)), out=_meta((2, 31))), "'weight' must be [2N, K] (gate rows, then up rows), got 63 rows"),
+    (dict(out=_meta((2, 64))), "'out' must be [M, N] = [2, 32]"),
+    (dict(bias=_meta((32,))), "'bias' must be contiguous and 1-D of size 2N = 64"),
+    (dict(input=_meta((5, 32)), out=_meta((5, 32))), "'input' must have 1 to 4 rows, got 5"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", GATED_BAD_ARGS)
+def test_silu_and_mul_bad_input_is_a_clear_error(overrides, message):
+    args = _meta_args(out=_meta((2, 32)))
+    args.update(overrides)
+    with pytest.raises(RuntimeError, match=re.escape(f"gemv_silu_and_mul: {message}")):
+        torch.ops._C.gemv_silu_and_mul(**args)
+
+
+def test_silu_and_mul_valid_meta_args_pass():
+    torch.ops._C.gemv_silu_and_mul(**_meta_args(out=_meta((2, 32)), bias=_meta(64)))
+
+
+def test_add_checks_its_arguments_as_gemv_does():
+    torch.ops._C.gemv_add(**_meta_args())
+    with pytest.raises(RuntimeError, match=re.escape("gemv_add: 'out' must be [M, N] = [2, 64]")):
+        torch.ops._C.gemv_add(**_meta_args(out=_meta((2, 32))))

@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_volta.model_executor.layers.decode_gemv import gemv_applies, gemv_enabled, linear
+from vllm_volta.model_executor.layers.activation import SiluAndMul
+from vllm_volta.model_executor.layers.decode_gemv import (add_linear_, gemv_applies, gemv_enabled, linear,
+                                                          silu_and_mul_linear)
 from vllm_volta.model_executor.layers.linear import RowParallelLinear
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -24,6 +26,12 @@ def test_cpu_inputs_take_f_linear():
     x, w, b = torch.randn(2, 16), torch.randn(8, 16), torch.randn(8)
     assert not gemv_applies(x, w)
     assert torch.equal(linear(x, w, b, use_gemv=True), F.linear(x, w, b))
+    act = SiluAndMul()
+    assert torch.equal(silu_and_mul_linear(x, w, b, True, act), act(F.linear(x, w, b)))
+    residual = torch.randn(2, 8)
+    before = residual.clone()
+    assert add_linear_(residual, x, w, b, use_gemv=True) is False
+    assert torch.equal(residual, before)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
@@ -51,3 +59,39 @@ def test_matches_f_linear(device, rows, monkeypatch):
     out = linear(x, w, b, use_gemv=True)
     assert len(calls) == (1 if rows <= 2 else 0)
     torch.testing.assert_close(out.double(), x.double() @ w.double().t() + b.double(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("use_gemv", [True, False])
+def test_silu_and_mul_linear_matches_the_two_steps(device, rows, use_gemv, monkeypatch):
+    calls = []
+    real = torch.ops._C.gemv_silu_and_mul
+    import vllm_volta._custom_ops as ops
+    monkeypatch.setattr(ops, "gemv_silu_and_mul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(rows, 256, dtype=torch.float16, device=device)
+    w = (torch.randn(2 * 48, 256, device=device) / 16).half()
+    b = torch.randn(2 * 48, dtype=torch.float16, device=device)
+    act = SiluAndMul()
+    out = silu_and_mul_linear(x, w, b, use_gemv, act)
+    assert len(calls) == (1 if use_gemv and rows <= 2 else 0)
+    gate_up = (x.double() @ w.double().t() + b.double()).half()
+    expected = (F.silu(gate_up[:, :48].float()).half().float() * gate_up[:, 48:].float()).half()
+    torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_add_linear_adds_into_the_residual_or_declines(device):
+    x = torch.randn(2, 256, dtype=torch.float16, device=device)
+    w = (torch.randn(64, 256, device=device) / 16).half()
+    residual = torch.randn(2, 64, dtype=torch.float16, device=device)
+    expected = (F.linear(x, w).float() + residual.float()).half()
+    assert add_linear_(residual, x, w, None, use_gemv=True)
+    torch.testing.assert_close(residual, expected, atol=4e-3, rtol=4e-3)
+    before = residual.clone()
+    assert not add_linear_(residual, x, w, None, use_gemv=False)         # switched off
+    assert not add_linear_(residual[:, :32], x, w[:32], None, use_gemv=True)  # residual not contiguous
+    assert not add_linear_(residual.float(), x, w, None, use_gemv=True)  # residual not float16
+    three = torch.randn(3, 256, dtype=torch.float16, device=device)
+    assert not add_linear_(torch.zeros(3, 64, dtype=torch.float16, device=device), three, w, None, True)
+    assert torch.equal(residual, before)

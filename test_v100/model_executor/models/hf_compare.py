@@ -145,3 +145,37 @@ def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedMode
     tokens = torch.randint(0, model.config.vocab_size, (length,), generator=g).tolist()
     out = PagedRunner(model, device=device).step({"x": tokens})["x"]
     torch.testing.assert_close(out, hf_logits(hf, tokens), atol=atol, rtol=1e-4)
+
+
+@torch.no_grad()
+def check_fp16_decode_fusions(folder: Path, hf: transformers.PreTrainedModel, monkeypatch) -> None:
+    """float16 on a GPU: decode steps of 2 and 1 sequences run the fused gemv epilogues
+    (gemv_silu_and_mul, gemv_add: the layer returns the residual with the sum in it); their
+    logits match HF's and, closely, the same model with gemv switched off (cuBLAS + norms)."""
+    from vllm_volta import _custom_ops as ops
+
+    calls: dict[str, int] = {"gemv_silu_and_mul": 0, "gemv_add": 0}
+    for name in calls:
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _n=name, _f=real: calls.__setitem__(_n, calls[_n] + 1) or _f(*a))
+    g = torch.Generator().manual_seed(2)
+    full = {s: torch.randint(0, hf.config.vocab_size, (n,), generator=g).tolist() for s, n in (("a", 11), ("b", 9))}
+    ref = {s: hf_logits(hf, toks) for s, toks in full.items()}
+    schedule = [{"a": (0, 8), "b": (0, 6)}, {"a": (8, 9), "b": (6, 7)}, {"a": (9, 10), "b": (7, 8)},
+                {"a": (10, 11)}]
+    results = []
+    for use_gemv in (True, False):
+        model = load_ours(folder, dtype=torch.float16, device="cuda")
+        for layer in model.modules():
+            if hasattr(layer, "use_gemv"):
+                layer.use_gemv = use_gemv
+        runner = PagedRunner(model, device="cuda")
+        results.append([runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()}) for step in schedule])
+    layers = model.config.num_hidden_layers
+    # 3 decode steps x layers, once each; the prefill step and the cuBLAS run take neither.
+    assert calls == {"gemv_silu_and_mul": 3 * layers, "gemv_add": 2 * 3 * layers}
+    for step_no, step in enumerate(schedule):
+        for s, (lo, hi) in step.items():
+            fused, plain = results[0][step_no][s], results[1][step_no][s]
+            torch.testing.assert_close(fused, ref[s][lo:hi], atol=3e-2, rtol=1e-2)
+            torch.testing.assert_close(fused, plain, atol=1e-2, rtol=1e-2)

@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+from .hf_compare import (TINY, check_fp16_decode_fusions, check_mixed_batch, check_single_prefill, load_ours,
+                         save_random_hf_model)
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
@@ -59,3 +60,11 @@ def test_mixed_batch_on_gpu(models, tmp_path):
     hf.save_pretrained(tmp_path)
     ours = load_ours(tmp_path, device="cuda")
     check_mixed_batch(ours, hf, device="cuda", atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_decode_fusions_on_gpu(models, tmp_path, monkeypatch):
+    hf, _ = models
+    hf.save_pretrained(tmp_path)
+    check_fp16_decode_fusions(tmp_path, hf, monkeypatch)

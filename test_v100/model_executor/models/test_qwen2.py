@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+from .hf_compare import (TINY, check_fp16_decode_fusions, check_mixed_batch, check_single_prefill, load_ours,
+                         save_random_hf_model)
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +33,11 @@ def test_single_prefill_matches_transformers(models):
 
 def test_mixed_batch_matches_transformers(models):
     check_mixed_batch(models[1], models[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_decode_fusions_on_gpu(models, tmp_path, monkeypatch):
+    hf, _ = models
+    hf.save_pretrained(tmp_path)
+    check_fp16_decode_fusions(tmp_path, hf, monkeypatch)

@@ -7,11 +7,18 @@ each weight once with 16-byte loads in one kernel (benchmarks/kernels/benchmark_
 measures both). Layers use it for float16 inputs of 1 or 2 rows on CUDA (Volta and newer);
 every other case, and every case with VLLM_VOLTA_DECODE_GEMV=0, goes to F.linear.
 
+Two epilogues remove a kernel (or, with the V100 adapter, several ATen kernels) per use:
+``gemv_silu_and_mul`` also applies an MLP's gated activation (``silu_and_mul_linear``), and
+``gemv_add`` adds a projection into the residual stream (``add_linear_``), so the norm after
+it is a plain rms_norm instead of fused_add_rms_norm.
+
 Measured on an H200 (Llama-3-8B projections, one decoder layer's four GEMVs, CUDA graphs):
 1 row 106 us vs cuBLAS 121 us, 2 rows 109 vs 114, 4 rows 146 vs 115. So 2 rows is the
 limit here, although the kernel takes up to 4.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,3 +62,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use
         ops.gemv(out, x, weight, bias)
         return out
     return F.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool,
+                        act_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """silu(x W_gate^T) * (x W_up^T) for weight = [W_gate; W_up]: one gemv_silu_and_mul launch
+    when `use_gemv` and the input fits gemv, else ``act_fn`` (silu_and_mul) after the product."""
+    if use_gemv and gemv_applies(x, weight):
+        from vllm_volta import _custom_ops as ops
+        out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+        ops.gemv_silu_and_mul(out, x, weight, bias)
+        return out
+    return act_fn(F.linear(x, weight, bias))
+
+
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                use_gemv: bool) -> bool:
+    """``residual += x W^T + b`` in one gemv_add launch, when `use_gemv` and the inputs fit gemv
+    (the residual: a contiguous float16 [rows, N]); returns False, with nothing done, otherwise."""
+    if not (use_gemv and gemv_applies(x, weight) and residual.dtype == torch.float16
+            and residual.shape == (x.shape[0], weight.shape[0]) and residual.is_contiguous()):
+        return False
+    from vllm_volta import _custom_ops as ops
+    ops.gemv_add(residual, x, weight, bias)
+    return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm_volta.model_executor.layers.decode_gemv import gemv_enabled, linear
+from vllm_volta.model_executor.layers.decode_gemv import add_linear_, gemv_enabled, linear
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
@@ -208,3 +208,8 @@ class RowParallelLinear(LinearBase):
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         return out + self.bias if self.bias is not None else out
+
+    def add_into_(self, residual: torch.Tensor, x: torch.Tensor) -> bool:
+        """``residual += self(x)`` in one kernel for decode-sized inputs on one rank (gemv_add);
+        returns False, with nothing done, when that does not apply (then call ``forward``)."""
+        return self.tp_size == 1 and add_linear_(residual, x, self.weight, self.bias, self.use_gemv)

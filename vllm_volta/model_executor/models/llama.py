@@ -16,7 +16,8 @@ from torch import nn
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger, warning_once
-from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
+from vllm_volta.model_executor.layers.activation import SiluAndMul, get_act_and_mul_fn
+from vllm_volta.model_executor.layers.decode_gemv import silu_and_mul_linear
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
@@ -38,9 +39,18 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
         self.act_fn = get_act_and_mul_fn(hidden_act)
+        # Decode-sized inputs: gate_up and silu_and_mul in one gemv launch (decode_gemv.py).
+        self.fused_act = isinstance(self.act_fn, SiluAndMul) and not self.gate_up_proj.gather_output
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up: the input of down_proj."""
+        if self.fused_act:
+            gate_up = self.gate_up_proj
+            return silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.use_gemv, self.act_fn)
+        return self.act_fn(self.gate_up_proj(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self.activation(x))
 
 
 class LlamaAttention(nn.Module):
@@ -66,18 +76,27 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        return self.o_proj(self.attend(positions, hidden_states, kv_cache, attn_metadata))
+
+    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+               kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        """The attention output, before o_proj."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v, kv_cache, attn_metadata)
-        return self.o_proj(out)
+        return self.attn(q, k, v, kv_cache, attn_metadata)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block; the residual stream is carried separately so the norms can fuse the add."""
+    """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
+
+    At decode sizes o_proj and down_proj add their outputs straight into the residual stream
+    (RowParallelLinear.add_into_, one gemv_add kernel each), so the norm after each is a plain
+    rms_norm; a layer then returns ``(None, residual)``: the residual already holds the sum.
+    """
 
     def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module,
                  attention_options: dict[str, bool]) -> None:
@@ -89,17 +108,32 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | None,
                 residual: torch.Tensor | None, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
+                attn_metadata: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if residual is None:  # the first layer: the residual stream starts as the embeddings
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+            hidden_states, residual = add_and_norm(self.input_layernorm, hidden_states, residual)
+        attn_out = self.self_attn.attend(positions, hidden_states, kv_cache, attn_metadata)
+        if self.self_attn.o_proj.add_into_(residual, attn_out):
+            hidden_states = self.post_attention_layernorm(residual)
+        else:
+            hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
+        mlp_act = self.mlp.activation(hidden_states)
+        if self.mlp.down_proj.add_into_(residual, mlp_act):
+            return None, residual
+        return self.mlp.down_proj(mlp_act), residual
+
+
+def add_and_norm(norm: RMSNorm, hidden_states: torch.Tensor | None, residual: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(hidden_states + residual), the sum) - the sum already in `residual` when a layer
+    returned None for hidden_states (its down_proj added into the residual stream)."""
+    if hidden_states is None:
+        return norm(residual), residual
+    return norm(hidden_states, residual)
 
 
 class LlamaModel(nn.Module):
@@ -128,7 +162,7 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,
                                             attn_metadata)
-        hidden_states, _ = self.norm(hidden_states, residual)
+        hidden_states, _ = add_and_norm(self.norm, hidden_states, residual)
         return hidden_states
 
 
