@@ -58,8 +58,7 @@ struct CacheWriteArgs {
 };
 
 inline CacheWriteArgs check_reshape_and_cache_args(const Tensor& key, const Tensor& value, const Tensor& kv_cache,
-                                                   const Tensor& slot_mapping) {
-  const char* op = "reshape_and_cache";
+                                                   const Tensor& slot_mapping, const char* op = "reshape_and_cache") {
   const KVCacheLayout cache = check_kv_cache(op, kv_cache);
   check_index_tensor(op, "slot_mapping", slot_mapping, ScalarType::Long, "int64", 1, kv_cache);
   const int64_t num_tokens = slot_mapping.size(0);

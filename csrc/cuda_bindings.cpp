@@ -23,6 +23,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache));
   m.impl("paged_attention_decode", TORCH_BOX(&paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
+  m.impl("rotary_embedding_and_cache", TORCH_BOX(&rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
   m.impl("gemv", TORCH_BOX(&gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&gemv_silu_and_mul));

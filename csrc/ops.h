@@ -30,6 +30,8 @@ void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tens
                                  double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads);
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                            Tensor cos_sin_cache, bool is_neox);
+void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
+                                     Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
@@ -52,6 +54,8 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
 // ---- rotary embedding, in place on query/key, Volta-safe, CUDA in every build (csrc/rotary_kernels.cu) ----
 void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                       Tensor cos_sin_cache, bool is_neox);
+void rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
+                                Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 
 // ---- random sampling (Gumbel-max over the logits), Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
 void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);

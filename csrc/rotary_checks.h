@@ -4,6 +4,7 @@
 // [0, max_position) unchanged instead of reading past the table.
 #pragma once
 
+#include "attention_checks.h"
 #include "op_checks.h"
 
 #include <limits>
@@ -58,8 +59,7 @@ inline RotaryHeads check_rotary_rows(const char* op, const char* arg, const Tens
 
 inline RotaryArgs check_rotary_embedding_args(const Tensor& positions, const Tensor& query,
                                               const std::optional<Tensor>& key, int64_t head_size,
-                                              const Tensor& cos_sin_cache) {
-  const char* op = "rotary_embedding";
+                                              const Tensor& cos_sin_cache, const char* op = "rotary_embedding") {
   check_float_dtype(op, "query", query);
   VLLM_VOLTA_CHECK(head_size > 0, op, ": 'head_size' must be > 0, got ", head_size);
 
@@ -94,6 +94,28 @@ inline RotaryArgs check_rotary_embedding_args(const Tensor& positions, const Ten
     k = check_rotary_rows(op, "key", *key, head_size, num_tokens);
   }
   return {num_tokens, rot_dim, cos_sin_cache.size(0), q, k};
+}
+
+struct RotaryCacheArgs {
+  RotaryArgs rotary;
+  CacheWriteArgs cache;
+};
+
+// rotary_embedding_and_cache: rotary_embedding's arguments (a key is required) and
+// reshape_and_cache's, for the same tokens, in the cache's dtype.
+inline RotaryCacheArgs check_rotary_embedding_and_cache_args(const Tensor& positions, const Tensor& query,
+                                                             const Tensor& key, const Tensor& value,
+                                                             const Tensor& kv_cache, const Tensor& slot_mapping,
+                                                             int64_t head_size, const Tensor& cos_sin_cache) {
+  const char* op = "rotary_embedding_and_cache";
+  const RotaryArgs rotary = check_rotary_embedding_args(positions, query, key, head_size, cos_sin_cache, op);
+  const CacheWriteArgs cache = check_reshape_and_cache_args(key, value, kv_cache, slot_mapping, op);
+  VLLM_VOLTA_CHECK(cache.num_tokens == rotary.num_tokens, op, ": 'slot_mapping' has ", cache.num_tokens,
+                  " tokens but 'positions' has ", rotary.num_tokens);
+  check_same_dtype(op, "kv_cache", kv_cache, query, "query");
+  VLLM_VOLTA_CHECK(cache.cache.head_size == head_size, op, ": the cache's head size (", cache.cache.head_size,
+                  ") must equal head_size (", head_size, ")");
+  return {rotary, cache};
 }
 
 }  // namespace vllm_volta

@@ -48,6 +48,12 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
   (void)is_neox;
   check_rotary_embedding_args(positions, query, key, head_size, cos_sin_cache);
 }
+void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
+                                     Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox) {
+  (void)is_neox;
+  check_rotary_embedding_and_cache_args(positions, query, key, value, kv_cache, slot_mapping, head_size,
+                                        cos_sin_cache);
+}
 
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
   check_gumbel_sample_args(sampled, logits, temperature, seeds);
@@ -91,6 +97,9 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // In place on query/key ([T, H*D] or [T, H, D], rows may be strided); cos_sin_cache [max_pos, rot_dim].
   m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");
+  // rotary_embedding on query/key, then reshape_and_cache of the rotated key and value, in one kernel.
+  m.def("rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, Tensor! kv_cache, "
+        "Tensor slot_mapping, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()");
   // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4.
@@ -116,6 +125,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("reshape_and_cache", TORCH_BOX(&meta_reshape_and_cache));
   m.impl("paged_attention_decode", TORCH_BOX(&meta_paged_attention_decode));
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
+  m.impl("rotary_embedding_and_cache", TORCH_BOX(&meta_rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
   m.impl("gemv", TORCH_BOX(&meta_gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&meta_gemv_silu_and_mul));

@@ -97,6 +97,17 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
+def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                               value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                               head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """``rotary_embedding`` (in place on ``query``/``key``), then ``reshape_and_cache`` of the rotated
+    key and ``value`` into ``kv_cache`` at ``slot_mapping``, in one kernel. CUDA only; one slot
+    per token (slots of -1 are skipped); the cache in the dtype of ``query``.
+    """
+    torch.ops._C.rotary_embedding_and_cache(positions, query, key, value, kv_cache, slot_mapping, head_size,
+                                            cos_sin_cache, is_neox)
+
+
 def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
                   seeds: torch.Tensor) -> None:
     """``sampled[i]`` <- a draw from softmax(logits[i] / temperature[i]). CUDA only.

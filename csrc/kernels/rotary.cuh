@@ -2,6 +2,10 @@
 // stages the token's cos/sin row (rounded to T) in shared memory, then its threads walk the
 // (head, pair-chunk) items of the query heads followed by the key heads.
 //
+// CACHE (rotary_embedding_and_cache): the block then also writes the token's rotated key row
+// and its value row into the paged KV cache at its slot, as reshape_and_cache does (slots < 0
+// or past the cache are skipped): one kernel instead of two per layer.
+//
 // Numerics are those of the PyTorch reference (RotaryEmbedding.forward_native): cos/sin are
 // cast to T first, and every elementwise op is computed in fp32 and rounded to T:
 //   o1 = T(T(x1 * c) - T(x2 * s)),  o2 = T(T(x2 * c) + T(x1 * s))
@@ -69,12 +73,24 @@ __device__ __forceinline__ void rotate_item(T* __restrict__ head, int i0, int ha
   }
 }
 
+// The KV-cache write of rotary_embedding_and_cache (see reshape_and_cache_kernel).
+template <typename T>
+struct RotaryCacheWrite {
+  const T* value;
+  int64_t value_stride;  // elements between tokens' value rows
+  T* kv_cache;           // [2, num_slots, row_elems]
+  const int64_t* slot_mapping;
+  int64_t num_slots;
+  int row_elems;  // num_kv_heads * head_size
+};
+
 // Grid: one block per token; dynamic shared memory: rot_dim floats.
-// W: vector width in elements (host guarantees alignment of rows, heads and halves).
-template <typename T, int W, bool NEOX>
+// W: vector width in elements (host guarantees alignment of rows, heads and halves, and for
+// CACHE of the value rows and the cache rows too).
+template <typename T, int W, bool NEOX, bool CACHE>
 __global__ void rotary_embedding_kernel(const void* __restrict__ positions, T* __restrict__ query,
                                         T* __restrict__ key, const void* __restrict__ cos_sin_cache,
-                                        RotaryParams p) {
+                                        RotaryParams p, RotaryCacheWrite<T> c) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
@@ -83,26 +99,42 @@ __global__ void rotary_embedding_kernel(const void* __restrict__ positions, T* _
     const int64_t pos = p.positions_int64 ? static_cast<const int64_t*>(positions)[token]
                                           : static_cast<int64_t>(static_cast<const int*>(positions)[token]);
     // Out-of-range positions are not an error the host can see; leave the token unchanged
-    // rather than read past the table. Uniform over the block, so before the barrier.
-    if (pos < 0 || pos >= p.max_position) return;
-    const int64_t row = pos * p.cache_stride;
-    for (int i = threadIdx.x; i < p.rot_dim; i += blockDim.x) {
-      const float v = p.cache_is_float ? static_cast<const float*>(cos_sin_cache)[row + i]
-                                       : Convert<T>::to_float(static_cast<const T*>(cos_sin_cache)[row + i]);
-      cs[i] = round_to<T>(v);
-    }
-    __syncthreads();
+    // rather than read past the table.
+    const bool rotate = pos >= 0 && pos < p.max_position;
+    if (rotate) {  // uniform over the block
+      const int64_t row = pos * p.cache_stride;
+      for (int i = threadIdx.x; i < p.rot_dim; i += blockDim.x) {
+        const float v = p.cache_is_float ? static_cast<const float*>(cos_sin_cache)[row + i]
+                                         : Convert<T>::to_float(static_cast<const T*>(cos_sin_cache)[row + i]);
+        cs[i] = round_to<T>(v);
+      }
+      __syncthreads();
 
-    const int half = p.rot_dim / 2;
-    const int items_per_head = half / RotaryItem<W, NEOX>::kPairs;
-    const int items = (p.num_heads + p.num_kv_heads) * items_per_head;
-    T* q_row = query + token * p.query_stride;
-    T* k_row = key == nullptr ? nullptr : key + token * p.key_stride;
-    for (int idx = threadIdx.x; idx < items; idx += blockDim.x) {
-      const int head = idx / items_per_head;
-      const int i0 = (idx - head * items_per_head) * RotaryItem<W, NEOX>::kPairs;
-      T* base = head < p.num_heads ? q_row + head * p.head_size : k_row + (head - p.num_heads) * p.head_size;
-      rotate_item<T, W, NEOX>(base, i0, half, cs);
+      const int half = p.rot_dim / 2;
+      const int items_per_head = half / RotaryItem<W, NEOX>::kPairs;
+      const int items = (p.num_heads + p.num_kv_heads) * items_per_head;
+      T* q_row = query + token * p.query_stride;
+      T* k_row = key == nullptr ? nullptr : key + token * p.key_stride;
+      for (int idx = threadIdx.x; idx < items; idx += blockDim.x) {
+        const int head = idx / items_per_head;
+        const int i0 = (idx - head * items_per_head) * RotaryItem<W, NEOX>::kPairs;
+        T* base = head < p.num_heads ? q_row + head * p.head_size : k_row + (head - p.num_heads) * p.head_size;
+        rotate_item<T, W, NEOX>(base, i0, half, cs);
+      }
+    }
+    if constexpr (CACHE) {
+      const int64_t slot = c.slot_mapping[token];
+      if (slot < 0 || slot >= c.num_slots) return;
+      __syncthreads();  // the block's rotated key row is written (and visible to the block)
+      using V = Vec<T, W>;
+      const V* k_src = reinterpret_cast<const V*>(key + token * p.key_stride);
+      const V* v_src = reinterpret_cast<const V*>(c.value + token * c.value_stride);
+      V* k_dst = reinterpret_cast<V*>(c.kv_cache + slot * c.row_elems);
+      V* v_dst = reinterpret_cast<V*>(c.kv_cache + (c.num_slots + slot) * c.row_elems);
+      for (int i = threadIdx.x; i < c.row_elems / W; i += blockDim.x) {
+        k_dst[i] = k_src[i];
+        v_dst[i] = v_src[i];
+      }
     }
   }
 }

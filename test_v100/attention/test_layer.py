@@ -68,3 +68,50 @@ def test_impl_may_provide_its_own_cache_write():
     q = torch.randn(3, 8)
     out = layer(q, q, q, cache, build_attn_metadata([0], [3], [[1]], 4))
     assert out is q and calls == [[4, 5, 6]] and not cache.any()  # default write not used
+
+
+def test_rope_is_applied_before_the_cache_write():
+    """rope=(rotary_emb, positions): the layer rotates q/k (CPU: forward_native), then writes the
+    rotated key; outputs equal rotating first and calling the layer without it."""
+    from vllm_volta.model_executor.layers.rotary_embedding import get_rope
+
+    heads, kv_heads, d = 4, 2, 8
+    torch.manual_seed(1)
+    rope = get_rope(d, d, 64, 10000.0, True)
+    q, k, v = torch.randn(5, heads * d), torch.randn(5, kv_heads * d), torch.randn(5, kv_heads * d)
+    positions = torch.arange(5)
+    md = build_attn_metadata([0], [5], [[3, 1]], 4)
+    layer = Attention(heads, d, d ** -0.5, kv_heads)
+    cache, ref_cache = torch.zeros(2, 4, 4, kv_heads, d), torch.zeros(2, 4, 4, kv_heads, d)
+    out = layer(q, k, v, cache, md, rope=(rope, positions))
+    q_rot, k_rot = rope.forward_native(positions, q, k)
+    ref = layer(q_rot, k_rot, v, ref_cache, md)
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_volta_paged_rope_and_cache_write_in_one_kernel(monkeypatch):
+    """VOLTA_PAGED applies RoPE with rotary_embedding_and_cache (one slot per token); the
+    output and the cache equal the separate rotary + cache-write path."""
+    from vllm_volta import _custom_ops as ops
+    from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
+    from vllm_volta.model_executor.layers.rotary_embedding import get_rope
+
+    calls = []
+    real = ops.rotary_embedding_and_cache
+    monkeypatch.setattr(ops, "rotary_embedding_and_cache", lambda *a: calls.append(1) or real(*a))
+    heads, kv_heads, d = 8, 2, 64
+    torch.manual_seed(2)
+    rope = get_rope(d, d, 64, 10000.0, True).cuda()
+    layer = Attention(heads, d, d ** -0.5, kv_heads, VoltaPagedBackend)
+    q, k, v = (torch.randn(7, n * d, dtype=torch.float16, device="cuda") for n in (heads, kv_heads, kv_heads))
+    positions = torch.arange(7, device="cuda")
+    md = build_attn_metadata([0], [7], [[3, 1]], 4, device="cuda")
+    cache, ref_cache = (torch.zeros(2, 4, 4, kv_heads, d, dtype=torch.float16, device="cuda") for _ in range(2))
+    q_ref, k_ref = q.clone(), k.clone()
+    out = layer(q, k, v, cache, md, rope=(rope, positions))
+    assert calls == [1]
+    q_ref, k_ref = rope(positions, q_ref, k_ref)
+    ref = layer(q_ref, k_ref, v, ref_cache, md)
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)

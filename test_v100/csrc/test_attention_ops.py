@@ -100,6 +100,41 @@ def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, k
 
 @pytest.mark.gpu
 @requires_gpu
+def test_split_contexts_repeat_and_replay_in_a_graph():
+    # Split contexts (partition scratch + combine): eager launches of other lengths on the same
+    # buffers (an empty context among them: zeros), then a captured launch replayed with new
+    # lengths.
+    device, d, heads, kv_heads, block_size, max_len = "cuda", 128, 32, 8, 16, 2048
+    kv_cache = random_cache(140, block_size, kv_heads, d, torch.float16, device, seed=3)
+    table = random_block_table([max_len], block_size, 140, max_len // block_size, seed=3).to(device).repeat(3, 1)
+    q = torch.randn(3, heads, d, dtype=torch.float16, device=device)
+    seq_lens = torch.zeros(3, dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+    scale = d ** -0.5
+
+    def launch():
+        ops.paged_attention_decode(out, q, kv_cache, table, seq_lens, scale, max_len, 128, 256)
+
+    def check(lens):
+        ref = decode_reference(q, kv_cache, table, lens, scale)
+        torch.testing.assert_close(out.cpu().double(), ref, atol=2e-3, rtol=2e-3)
+
+    for lens in ([600, 1333, 0], [1, 2048, 129], [600, 1333, 0]):
+        seq_lens.copy_(torch.tensor(lens))
+        out.fill_(float("nan"))
+        launch()
+        check(lens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    for lens in ([700, 5, 1999], [129, 128, 2000]):
+        seq_lens.copy_(torch.tensor(lens))
+        graph.replay()
+        check(lens)
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["2d-strided", "3d"])
 def test_reshape_and_cache_matches_index_write(dtype, layout):

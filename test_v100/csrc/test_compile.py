@@ -69,9 +69,9 @@ NVRTC_UNITS = {
                                        for d in (64, 96, 128, 256)],
     "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
                           for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],
-    "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}>"
+    "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}, {cache}>"
                            for t, w in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))
-                           for neox in ("true", "false")],
+                           for neox in ("true", "false") for cache in ("true", "false")],
     "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")]
     + ["&vllm_volta::gumbel_unpack_kernel"],
     "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvEpilogue::{e}>"

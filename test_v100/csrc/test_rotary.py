@@ -261,3 +261,83 @@ def test_bad_input_is_a_clear_error(overrides, message):
 ], ids=["default", "no-key", "int32-2d-positions", "3d", "qkv-views", "fp16-partial-table", "empty"])
 def test_valid_meta_args_are_accepted(overrides):
     torch.ops._C.rotary_embedding(**_meta_args(**overrides))
+
+
+# ---- rotary_embedding_and_cache: the same rotation, then reshape_and_cache, in one kernel ----
+
+def _fused_case(dtype, layout, head_size=128, num_tokens=19, seed=0):
+    heads, kv_heads, block_size, num_blocks = 6, 2, 16, 8
+    gen = torch.Generator().manual_seed(seed)
+    q, k = qkv_views(num_tokens, heads, kv_heads, head_size, dtype, layout, seed)
+    v = torch.randn(num_tokens, kv_heads * head_size, generator=gen).to(dtype).cuda()
+    kv_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen).to(dtype).cuda()
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[3] = -1  # a padding token: no cache write
+    return q, k, v, kv_cache, slots.cuda()
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("partial", [False, True], ids=["full-rot", "half-rot"])
+@pytest.mark.parametrize("layout", ["qkv", "contiguous", "odd-offset"])
+def test_fused_cache_write_equals_the_two_ops(dtype, is_neox, partial, layout):
+    skip_without_bf16(dtype)
+    rope = get_rope(128, 64 if partial else 128, MAX_POSITION, 10000.0, is_neox).cuda()
+    q, k, v, kv_cache, slots = _fused_case(dtype, layout)
+    positions = random_positions(q.shape[0])
+    q_ref, k_ref, cache_ref = q.clone(), k.clone(), kv_cache.clone()
+    ops.rotary_embedding(positions, q_ref, k_ref, 128, rope.cos_sin_cache, is_neox)
+    ops.reshape_and_cache(k_ref, v, cache_ref, slots)
+    ops.rotary_embedding_and_cache(positions, q, k, v, kv_cache, slots, 128, rope.cos_sin_cache, is_neox)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(kv_cache, cache_ref)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fused_cache_write_replays_in_a_cuda_graph():
+    rope = get_rope(128, 128, MAX_POSITION, 10000.0, True).cuda()
+    q, k, v, kv_cache, slots = _fused_case(torch.float16, "qkv", num_tokens=4, seed=1)
+    positions = random_positions(4, seed=1)
+    ops.rotary_embedding_and_cache(positions, q, k, v, kv_cache, slots, 128, rope.cos_sin_cache, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.rotary_embedding_and_cache(positions, q, k, v, kv_cache, slots, 128, rope.cos_sin_cache, True)
+    fresh_q, fresh_k, _, _, new_slots = _fused_case(torch.float16, "qkv", num_tokens=4, seed=2)
+    q.copy_(fresh_q), k.copy_(fresh_k), slots.copy_(new_slots), positions.copy_(random_positions(4, seed=3))
+    q_ref, k_ref, cache_ref = q.clone(), k.clone(), kv_cache.clone()
+    ops.rotary_embedding(positions, q_ref, k_ref, 128, rope.cos_sin_cache, True)
+    ops.reshape_and_cache(k_ref, v, cache_ref, slots)
+    graph.replay()
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref) and torch.equal(kv_cache, cache_ref)
+
+
+def _fused_meta_args(**overrides):
+    meta = dict(device="meta", dtype=torch.float16)
+    args = dict(positions=torch.empty(5, dtype=torch.int64, device="meta"), query=torch.empty(5, 4 * 64, **meta),
+                key=torch.empty(5, 2 * 64, **meta), value=torch.empty(5, 2 * 64, **meta),
+                kv_cache=torch.empty(2, 4, 16, 2, 64, **meta), slot_mapping=torch.empty(5, dtype=torch.int64, device="meta"),
+                head_size=64, cos_sin_cache=torch.empty(MAX_POSITION, 64, dtype=torch.float32, device="meta"),
+                is_neox=True)
+    args.update(overrides)
+    return args
+
+
+FUSED_BAD_ARGS = [
+    (dict(slot_mapping=torch.empty(4, dtype=torch.int64, device="meta")), "'slot_mapping' has 4 tokens but 'positions' has 5"),
+    (dict(value=torch.empty(5, 3 * 64, dtype=torch.float16, device="meta")), "'value' must be [num_tokens, 2, 64]"),
+    (dict(kv_cache=torch.empty(2, 4, 16, 2, 64, dtype=torch.float32, device="meta")), "'key' has dtype float16 but 'kv_cache' has float32"),
+    (dict(key=torch.empty(4, 2 * 64, dtype=torch.float16, device="meta")), "'key' has 4 tokens but 'positions' has 5"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", FUSED_BAD_ARGS)
+def test_fused_bad_input_is_a_clear_error(overrides, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"rotary_embedding_and_cache: {message}")):
+        torch.ops._C.rotary_embedding_and_cache(**_fused_meta_args(**overrides))
+
+
+def test_fused_valid_meta_args_pass():
+    torch.ops._C.rotary_embedding_and_cache(**_fused_meta_args())

@@ -51,12 +51,25 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend_cls = backend_cls
         self.impl = backend_cls.get_impl_cls()(num_heads, head_size, scale, num_kv_heads)
-        # A backend with a fused cache-write kernel provides it on the impl.
+        # A backend with a fused cache-write kernel provides it on the impl, and may provide
+        # one that also applies RoPE.
         self._write = getattr(self.impl, "write_to_kv_cache", write_to_kv_cache)
+        self._rope_and_write = getattr(self.impl, "rope_and_write_to_kv_cache", None)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        self._write(key, value, kv_cache, attn_metadata.slot_mapping)
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
+                rope: tuple[nn.Module, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rope`` = (rotary_emb, positions): RoPE to apply to query/key first. It is applied
+        here so that a backend can do it in the kernel that writes the cache."""
+        slot_mapping = attn_metadata.slot_mapping
+        if rope is not None:
+            rotary_emb, positions = rope
+            if (self._rope_and_write is not None and query.is_cuda
+                    and slot_mapping.shape[0] == query.shape[0]):
+                self._rope_and_write(rotary_emb, positions, query, key, value, kv_cache, slot_mapping)
+                return self.impl.forward(query, key, value, kv_cache, attn_metadata)
+            query, key = rotary_emb(positions, query, key)
+        self._write(key, value, kv_cache, slot_mapping)
         return self.impl.forward(query, key, value, kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:

@@ -165,6 +165,16 @@ class VoltaPagedImpl(AttentionImplBase):
 
         ops.reshape_and_cache(key, value, kv_cache, slot_mapping)
 
+    def rope_and_write_to_kv_cache(self, rotary_emb: Any, positions: torch.Tensor, query: torch.Tensor,
+                                   key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                                   slot_mapping: torch.Tensor) -> None:
+        """RoPE on query/key (in place) and the cache write, in one kernel (one slot per token);
+        called by the Attention layer."""
+        from vllm_volta import _custom_ops as ops
+
+        ops.rotary_embedding_and_cache(positions, query, key, value, kv_cache, slot_mapping, rotary_emb.head_size,
+                                       rotary_emb.cos_sin_cache, rotary_emb.is_neox_style)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         """query [T, H*D] -> [T, H*D]; the new key/value are already in ``kv_cache``."""

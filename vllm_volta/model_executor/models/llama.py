@@ -86,8 +86,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.attn(q, k, v, kv_cache, attn_metadata)
+        return self.attn(q, k, v, kv_cache, attn_metadata, rope=(self.rotary_emb, positions))
 
 
 class LlamaDecoderLayer(nn.Module):
