@@ -140,8 +140,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   if (a.num_seqs == 0) return;
   // The kernel reads query/key/value rows with 16-byte loads.
   const int64_t q_stride = a.num_seqs > 1 ? query.stride(0) : a.num_heads * a.cache.head_size;
-  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  VLLM_VOLTA_CHECK(aligned16(query.data_ptr()) && aligned16(kv_cache.data_ptr()) && aligned16(out.data_ptr()) &&
+  VLLM_VOLTA_CHECK(is_aligned16(query.data_ptr()) && is_aligned16(kv_cache.data_ptr()) && is_aligned16(out.data_ptr()) &&
                       q_stride * static_cast<int64_t>(query.element_size()) % 16 == 0,
                   op, ": 'query' (data pointer and sequence stride), 'kv_cache' and 'out' must be 16-byte aligned");
   torch::stable::accelerator::DeviceGuard guard(query.get_device_index());

@@ -104,6 +104,9 @@ void dispatch_vec_width(int width, F&& f) {
   return f(IntTag<1>{});
 }
 
+// Whether a pointer may be read with 16-byte vector loads.
+inline bool is_aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -33,8 +33,7 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
   const GemvArgs a = check_gemv_args(op, out, input, weight, bias, rows_per_block, GATED);
   check_cuda(op, "input", input);
-  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  VLLM_VOLTA_CHECK(aligned16(input.data_ptr()) && aligned16(weight.data_ptr()), op,
+  VLLM_VOLTA_CHECK(is_aligned16(input.data_ptr()) && is_aligned16(weight.data_ptr()), op,
                   ": 'input' and 'weight' must be 16-byte aligned");
   // Other blocks still read the input while a block writes its outputs.
   auto span = [](const Tensor& t) {

@@ -112,7 +112,6 @@ inline RotaryCacheArgs check_rotary_embedding_and_cache_args(const Tensor& posit
   const CacheWriteArgs cache = check_reshape_and_cache_args(key, value, kv_cache, slot_mapping, op);
   VLLM_VOLTA_CHECK(cache.num_tokens == rotary.num_tokens, op, ": 'slot_mapping' has ", cache.num_tokens,
                   " tokens but 'positions' has ", rotary.num_tokens);
-  check_same_dtype(op, "kv_cache", kv_cache, query, "query");
   VLLM_VOLTA_CHECK(cache.cache.head_size == head_size, op, ": the cache's head size (", cache.cache.head_size,
                   ") must equal head_size (", head_size, ")");
   return {rotary, cache};

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
   __syncthreads();
   // One thread per output (m, col): its row's (GATED: its gate and up rows') sums.
-  auto row_sum = [&](int m, int r, int row) {
+  auto weight_row_sum = [&](int m, int r, int row) {
     float s = bias != nullptr ? __half2float(bias[row]) : 0.f;
 #pragma unroll
     for (int i = 0; i < kWarps; ++i) s += partial[i][m * R + r];
@@ -109,13 +109,12 @@ __global__ void __launch_bounds__(kGemvThreads)
   if (threadIdx.x < M * kCols) {
     const int m = threadIdx.x / kCols, c = threadIdx.x % kCols, col = col0 + c;
     if (col < n) {
-      float y = row_sum(m, c, col);
+      float y = weight_row_sum(m, c, col);
       if constexpr (GATED) {
-        const float gate = __half2float(__float2half(y));
-        const float up = __half2float(__float2half(row_sum(m, kCols + c, n + col)));
-        y = __half2float(__float2half(activate<Activation::kSilu>(gate))) * up;
+        const float up = round_to<__half>(weight_row_sum(m, kCols + c, n + col));
+        y = round_to<__half>(activate<Activation::kSilu>(round_to<__half>(y))) * up;
       } else if constexpr (E == GemvEpilogue::kAdd) {
-        y = __half2float(__float2half(y)) + __half2float(out[m * out_stride + col]);
+        y = round_to<__half>(y) + __half2float(out[m * out_stride + col]);
       }
       out[m * out_stride + col] = __float2half(y);
     }

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from vllm_volta import _custom_ops as ops
 from vllm_volta.logger import info_once, init_logger
 
 logger = init_logger(__name__)
@@ -35,11 +36,7 @@ def gemv_enabled() -> bool:
     from vllm_volta import envs
     if not envs.VLLM_VOLTA_DECODE_GEMV:
         return False
-    try:
-        from vllm_volta._custom_ops import has_cuda_kernel
-    except ImportError:
-        return False
-    if not has_cuda_kernel("gemv"):
+    if not ops.has_cuda_kernel("gemv"):
         return False
     info_once(logger, "Linear layers: gemv kernel for 1-%d float16 token rows on CUDA (decode), "
               "cuBLAS for larger inputs", GEMV_MAX_ROWS)
@@ -57,7 +54,6 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool) -> torch.Tensor:
     """x W^T + b, through gemv when `use_gemv` and the input fits it, else F.linear."""
     if use_gemv and gemv_applies(x, weight):
-        from vllm_volta import _custom_ops as ops
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
         ops.gemv(out, x, weight, bias)
         return out
@@ -69,7 +65,6 @@ def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """silu(x W_gate^T) * (x W_up^T) for weight = [W_gate; W_up]: one gemv_silu_and_mul launch
     when `use_gemv` and the input fits gemv, else ``act_fn`` (silu_and_mul) after the product."""
     if use_gemv and gemv_applies(x, weight):
-        from vllm_volta import _custom_ops as ops
         out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
         ops.gemv_silu_and_mul(out, x, weight, bias)
         return out
@@ -83,6 +78,5 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     if not (use_gemv and gemv_applies(x, weight) and residual.dtype == torch.float16
             and residual.shape == (x.shape[0], weight.shape[0]) and residual.is_contiguous()):
         return False
-    from vllm_volta import _custom_ops as ops
     ops.gemv_add(residual, x, weight, bias)
     return True

@@ -40,7 +40,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
         self.act_fn = get_act_and_mul_fn(hidden_act)
         # Decode-sized inputs: gate_up and silu_and_mul in one gemv launch (decode_gemv.py).
-        self.fused_act = isinstance(self.act_fn, SiluAndMul) and not self.gate_up_proj.gather_output
+        self.fused_act = isinstance(self.act_fn, SiluAndMul)
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
         """act(gate) * up: the input of down_proj."""
