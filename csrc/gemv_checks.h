@@ -22,9 +22,11 @@ struct GemvArgs {
 // gemv: out [M, N] = input [M, K] @ weight[N, K]^T (+ bias [N]); gemv_add the same shapes;
 // gated (gemv_silu_and_mul): weight [2N, K] (+ bias [2N]) and out [M, N]. float16, 1 <= M <= 4, K % 8 == 0 (16-byte
 // vectors); input and out rows may be strided (row strides multiples of 8), weight and bias
-// contiguous; rows_per_block 0 (automatic), 2, 4 or 8.
+// contiguous; rows_per_block 0 (automatic), 2, 4 or 8. gemv and gemv_silu_and_mul may also
+// RMS-normalize the input first: norm_weight [K] (contiguous, float16) and epsilon > 0.
 inline GemvArgs check_gemv_args(const char* op, const Tensor& out, const Tensor& input, const Tensor& weight,
-                                const std::optional<Tensor>& bias, int64_t rows_per_block, bool gated) {
+                                const std::optional<Tensor>& bias, int64_t rows_per_block, bool gated,
+                                const std::optional<Tensor>& norm_weight = std::nullopt, double epsilon = 0.0) {
   VLLM_VOLTA_CHECK(input.scalar_type() == ScalarType::Half, op, ": 'input' must be float16, got ",
                   dtype_name(input.scalar_type()));
   check_same_dtype(op, "weight", weight, input, "input");
@@ -51,6 +53,13 @@ inline GemvArgs check_gemv_args(const char* op, const Tensor& out, const Tensor&
     check_same_device(op, "bias", *bias, input, "input");
     VLLM_VOLTA_CHECK(bias->dim() == 1 && bias->size(0) == rows && bias->is_contiguous(), op,
                     ": 'bias' must be contiguous and 1-D of size ", gated ? "2N = " : "N = ", rows);
+  }
+  if (norm_weight.has_value()) {
+    check_same_dtype(op, "norm_weight", *norm_weight, input, "input");
+    check_same_device(op, "norm_weight", *norm_weight, input, "input");
+    VLLM_VOLTA_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == k && norm_weight->is_contiguous(), op,
+                    ": 'norm_weight' must be contiguous and 1-D of size K = ", k);
+    VLLM_VOLTA_CHECK(epsilon > 0.0, op, ": 'epsilon' must be > 0 with a norm_weight, got ", epsilon);
   }
   VLLM_VOLTA_CHECK(rows_per_block == 0 || rows_per_block == 2 || rows_per_block == 4 || rows_per_block == 8, op,
                   ": 'rows_per_block' must be 0 (automatic), 2, 4 or 8, got ", rows_per_block);

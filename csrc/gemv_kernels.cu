@@ -29,12 +29,13 @@ constexpr int64_t kGemvDefaultRowsPerBlock = 4;
 
 template <GemvEpilogue E>
 void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
-                 int64_t rows_per_block) {
+                 int64_t rows_per_block, std::optional<Tensor> norm_weight = std::nullopt, double epsilon = 0.0) {
   constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
-  const GemvArgs a = check_gemv_args(op, out, input, weight, bias, rows_per_block, GATED);
+  const GemvArgs a = check_gemv_args(op, out, input, weight, bias, rows_per_block, GATED, norm_weight, epsilon);
   check_cuda(op, "input", input);
-  VLLM_VOLTA_CHECK(is_aligned16(input.data_ptr()) && is_aligned16(weight.data_ptr()), op,
-                  ": 'input' and 'weight' must be 16-byte aligned");
+  VLLM_VOLTA_CHECK(is_aligned16(input.data_ptr()) && is_aligned16(weight.data_ptr()) &&
+                      (!norm_weight.has_value() || is_aligned16(norm_weight->data_ptr())),
+                  op, ": 'input', 'weight' and 'norm_weight' must be 16-byte aligned");
   // Other blocks still read the input while a block writes its outputs.
   auto span = [](const Tensor& t) {
     const auto* begin = static_cast<const char*>(t.data_ptr());
@@ -50,14 +51,26 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   const auto* x = static_cast<const __half*>(input.data_ptr());
   const auto* w = static_cast<const __half*>(weight.data_ptr());
   const __half* b = bias.has_value() ? static_cast<const __half*>(bias->data_ptr()) : nullptr;
+  const __half* g = norm_weight.has_value() ? static_cast<const __half*>(norm_weight->data_ptr()) : nullptr;
+  const float eps = static_cast<float>(epsilon);
   const int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.n, GATED ? rows / 2 : rows)));
-  dispatch_gemv_rows(a.m, [&](auto m_tag) {
+  auto launch = [&](auto m_tag, auto norm_tag) {
     constexpr int M = decltype(m_tag)::value;
+    constexpr bool NORM = decltype(norm_tag)::value;
     switch (rows) {  // R rows x U vectors: 8 weight loads in flight per thread
-      case 2: gemv_kernel<M, 2, 4, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
-      case 4: gemv_kernel<M, 4, 2, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
-      default: gemv_kernel<M, 8, 1, E><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k); break;
+      case 2: gemv_kernel<M, 2, 4, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
+      case 4: gemv_kernel<M, 4, 2, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
+      default: gemv_kernel<M, 8, 1, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
+    }
+  };
+  dispatch_gemv_rows(a.m, [&](auto m_tag) {
+    if constexpr (E == GemvEpilogue::kAdd) {  // o_proj / down_proj: their inputs are not normalized
+      launch(m_tag, std::false_type{});
+    } else if (g != nullptr) {
+      launch(m_tag, std::true_type{});
+    } else {
+      launch(m_tag, std::false_type{});
     }
   });
   check_launch(op);
@@ -65,12 +78,15 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
 
 }  // namespace
 
-void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
-  launch_gemv<GemvEpilogue::kNone>("gemv", out, input, weight, bias, rows_per_block);
+void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+          std::optional<Tensor> norm_weight, double epsilon) {
+  launch_gemv<GemvEpilogue::kNone>("gemv", out, input, weight, bias, rows_per_block, norm_weight, epsilon);
 }
 
-void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
-  launch_gemv<GemvEpilogue::kSiluAndMul>("gemv_silu_and_mul", out, input, weight, bias, rows_per_block);
+void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+                       std::optional<Tensor> norm_weight, double epsilon) {
+  launch_gemv<GemvEpilogue::kSiluAndMul>("gemv_silu_and_mul", out, input, weight, bias, rows_per_block,
+                                         norm_weight, epsilon);
 }
 
 void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {

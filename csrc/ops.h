@@ -33,9 +33,10 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
 void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
                                      Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
-void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+               std::optional<Tensor> norm_weight, double epsilon);
 void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
-                            int64_t rows_per_block);
+                            int64_t rows_per_block, std::optional<Tensor> norm_weight, double epsilon);
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 
 #ifdef USE_CUDA
@@ -61,8 +62,10 @@ void rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tens
 void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
 
 // ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
-void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
-void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+          std::optional<Tensor> norm_weight, double epsilon);
+void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+                       std::optional<Tensor> norm_weight, double epsilon);
 void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
 #endif
 

@@ -59,12 +59,14 @@ void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tenso
   check_gumbel_sample_args(sampled, logits, temperature, seeds);
 }
 
-void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
-  check_gemv_args("gemv", out, input, weight, bias, rows_per_block, /*gated=*/false);
+void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
+               std::optional<Tensor> norm_weight, double epsilon) {
+  check_gemv_args("gemv", out, input, weight, bias, rows_per_block, /*gated=*/false, norm_weight, epsilon);
 }
 void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
-                            int64_t rows_per_block) {
-  check_gemv_args("gemv_silu_and_mul", out, input, weight, bias, rows_per_block, /*gated=*/true);
+                            int64_t rows_per_block, std::optional<Tensor> norm_weight, double epsilon) {
+  check_gemv_args("gemv_silu_and_mul", out, input, weight, bias, rows_per_block, /*gated=*/true, norm_weight,
+                  epsilon);
 }
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
@@ -102,11 +104,15 @@ STABLE_TORCH_LIBRARY(_C, m) {
         "Tensor slot_mapping, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()");
   // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
-  // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4.
-  m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
+  // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4;
+  // with norm_weight, of rms_norm(input, norm_weight, epsilon) instead of input (a pre-norm).
+  m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
+        "Tensor? norm_weight=None, float epsilon=0.0) -> ()");
   // out [M, N] = silu(input @ weight[:N]^T) * (input @ weight[N:]^T), weight [2N, K] = [gate; up]
-  // (+ bias [2N]): an MLP's gate_up projection and its activation in one decode GEMV.
-  m.def("gemv_silu_and_mul(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
+  // (+ bias [2N]): an MLP's gate_up projection and its activation in one decode GEMV (the
+  // input optionally RMS-normalized first, as in gemv).
+  m.def("gemv_silu_and_mul(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
+        "Tensor? norm_weight=None, float epsilon=0.0) -> ()");
   // out [M, N] += input @ weight^T (+ bias), the product rounded first: a projection added
   // into the residual stream (what gemv, then fused_add_rms_norm's add, computes).
   m.def("gemv_add(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");

@@ -121,26 +121,30 @@ def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torc
 
 
 def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         rows_per_block: int = 0) -> None:
+         rows_per_block: int = 0, norm_weight: torch.Tensor | None = None, epsilon: float = 0.0) -> None:
     """``out`` [M, N] <- ``input`` [M, K] @ ``weight`` [N, K]^T (+ ``bias``). CUDA, float16 only.
 
     The decode-step matrix-vector product for 1 <= M <= 4 tokens: one pass over the weight
     with 16-byte loads, FP32 accumulation. K must be a multiple of 8; input/out rows may be
     strided (row stride a multiple of 8 elements); ``rows_per_block`` (0 = automatic, 2, 4, 8)
-    is the launch's weight rows per block.
+    is the launch's weight rows per block. With ``norm_weight`` [K] the input is RMS-normalized
+    first (a decoder layer's pre-norm, ``rms_norm(input, norm_weight, epsilon)``), in FP32 inside
+    the same pass: the normalized rows are not rounded to float16 as rms_norm's output is.
     """
-    torch.ops._C.gemv(out, input, weight, bias, rows_per_block)
+    torch.ops._C.gemv(out, input, weight, bias, rows_per_block, norm_weight, epsilon)
 
 
 def gemv_silu_and_mul(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                      bias: torch.Tensor | None = None, rows_per_block: int = 0) -> None:
+                      bias: torch.Tensor | None = None, rows_per_block: int = 0,
+                      norm_weight: torch.Tensor | None = None, epsilon: float = 0.0) -> None:
     """``out`` [M, N] <- silu(gate) * up with [gate | up] = ``input`` @ ``weight`` [2N, K]^T (+ ``bias``).
 
     gemv for an MLP's merged gate_up projection, with silu_and_mul done by the same blocks
     (gate and up rounded to the input dtype first, as the two ops in a row would): no [M, 2N]
-    intermediate and no activation kernel. Same contract as ``gemv`` otherwise.
+    intermediate and no activation kernel. Same contract as ``gemv`` otherwise (``norm_weight``
+    included).
     """
-    torch.ops._C.gemv_silu_and_mul(out, input, weight, bias, rows_per_block)
+    torch.ops._C.gemv_silu_and_mul(out, input, weight, bias, rows_per_block, norm_weight, epsilon)
 
 
 def gemv_add(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -11,6 +11,12 @@
 //    silu(gate_j) * up_j, gate and up rounded to FP16 first (gemv, then silu_and_mul);
 //  kAdd (a projection that feeds the residual stream): out[m][j] += the product, rounded to
 //    FP16 first (gemv, then the add of fused_add_rms_norm).
+// Prologue NORM (a decoder layer's pre-norm, which feeds qkv and gate_up): the input rows are
+// RMS-normalized first, x -> x * rsqrt(mean(x^2) + eps) * g. Each block reads whole input rows
+// anyway, so it sums their squares in the same pass, multiplies x by g in FP32 (exact: FP16 x
+// FP16 fits FP32's mantissa) and scales its dot products by the row's rsqrt at the end. The
+// normalized row is never rounded to FP16: the result is rms_norm then gemv, without that
+// rounding (within FP16 rounding of it, not bit-equal).
 #pragma once
 
 #include "kernels/activation.cuh"
@@ -43,10 +49,12 @@ enum class GemvEpilogue { kNone, kSiluAndMul, kAdd };
 
 // M input rows, R weight rows per block, U vectors per thread per step in flight per row;
 // n output features (kSiluAndMul: the weight has 2n rows).
-template <int M, int R, int U, GemvEpilogue E>
+// NORM: norm_weight [k] and eps define the prologue.
+template <int M, int R, int U, GemvEpilogue E, bool NORM>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(__half* __restrict__ out, int64_t out_stride, const __half* __restrict__ input, int64_t in_stride,
-                const __half* __restrict__ weight, const __half* __restrict__ bias, int n, int k) {
+                const __half* __restrict__ weight, const __half* __restrict__ bias, int n, int k,
+                const __half* __restrict__ norm_weight, float eps) {
   constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
   static_assert(!GATED || R % 2 == 0, "a gated block pairs gate and up rows");
   constexpr int kCols = GATED ? R / 2 : R;  // output features per block
@@ -60,10 +68,13 @@ __global__ void __launch_bounds__(kGemvThreads)
     w[r] = reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(row) * k);
   }
   float acc[M][R];
+  float squares[M];  // NORM: this thread's share of sum(x^2) per input row
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
+    squares[m] = 0.f;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+  }
 
   for (int v0 = threadIdx.x; v0 < nvec; v0 += kGemvThreads * U) {
     uint4 wv[U][R];
@@ -74,10 +85,19 @@ __global__ void __launch_bounds__(kGemvThreads)
       const bool live = v < nvec;
 #pragma unroll
       for (int r = 0; r < R; ++r) wv[u][r] = live ? w[r][v] : make_uint4(0u, 0u, 0u, 0u);
+      float g[8];
+      if constexpr (NORM) half8_to_float8(live ? reinterpret_cast<const uint4*>(norm_weight)[v] : make_uint4(0u, 0u, 0u, 0u), g);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const uint4 x = live ? reinterpret_cast<const uint4*>(input + m * in_stride)[v] : make_uint4(0u, 0u, 0u, 0u);
         half8_to_float8(x, xv[u][m]);
+        if constexpr (NORM) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            squares[m] = fmaf(xv[u][m][i], xv[u][m][i], squares[m]);
+            xv[u][m][i] *= g[i];
+          }
+        }
       }
     }
 #pragma unroll
@@ -89,22 +109,32 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 
   constexpr int kWarps = kGemvThreads / 32;
-  __shared__ float partial[kWarps][M * R];
+  constexpr int kSums = M * R + (NORM ? M : 0);  // dot products, then (NORM) the squares
+  __shared__ float partial[kWarps][kSums];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float s = warp_sum(acc[m][r]);
       if (lane == 0) partial[warp][m * R + r] = s;
     }
+    if constexpr (NORM) {
+      const float s = warp_sum(squares[m]);
+      if (lane == 0) partial[warp][M * R + m] = s;
+    }
+  }
   __syncthreads();
+  auto block_sum = [&](int i, float s) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += partial[w][i];
+    return s;
+  };
   // One thread per output (m, col): its row's (GATED: its gate and up rows') sums.
   auto weight_row_sum = [&](int m, int r, int row) {
-    float s = bias != nullptr ? __half2float(bias[row]) : 0.f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) s += partial[i][m * R + r];
-    return s;
+    const float b = bias != nullptr ? __half2float(bias[row]) : 0.f;
+    if constexpr (NORM) return b + block_sum(m * R + r, 0.f) * rsqrtf(block_sum(M * R + m, 0.f) / k + eps);
+    return block_sum(m * R + r, b);
   };
   if (threadIdx.x < M * kCols) {
     const int m = threadIdx.x / kCols, c = threadIdx.x % kCols, col = col0 + c;

@@ -1,6 +1,7 @@
 """gemv (decode matrix-vector product, float16), gemv_silu_and_mul (gate_up + silu_and_mul) and
-gemv_add (a projection added into the residual) vs float64 references, CUDA-graph replay, and
-their argument checks (Meta kernels: run on CPU too)."""
+gemv_add (a projection added into the residual) vs float64 references, the RMS-norm prologue of
+gemv and gemv_silu_and_mul, CUDA-graph replay, and their argument checks (Meta kernels: run on
+CPU too)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,53 @@ def test_add_rejects_an_output_that_overlaps_the_input(device):
     torch.ops._C.gemv_add(buf[:, 2048:], buf[:, :2048], w, None, 0)  # adjacent, not overlapping
 
 
+def _rms_normed(x, g, eps):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g.double()
+
+
+def _norm_case(m, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.rand(m, 1, generator=g) * 8 + 0.1  # rows of very different RMS
+    x = (torch.randn(m, k, generator=g) * scale).half().cuda()
+    weight = (torch.rand(k, generator=g) + 0.5).half().cuda()
+    return x, weight
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k", [(37, 520), (4096, 4096), (6, 2056)])
+@pytest.mark.parametrize("rows_per_block", [0, 2, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_norm_prologue_matches_float64_reference(device, m, n, k, rows_per_block, bias):
+    x, g = _norm_case(m, k, seed=6)
+    _, w, b = _case(m, n, k, bias=bias, seed=7)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+    torch.ops._C.gemv(out, x, w, b, rows_per_block, g, 1e-5)
+    y = _rms_normed(x, g, 1e-5) @ w.double().t()
+    expected = y + b.double() if bias else y
+    torch.testing.assert_close(out.double(), expected, atol=4e-3, rtol=4e-3)
+    # rms_norm then gemv: the same up to rms_norm's float16 rounding of the normalized row.
+    normed = torch.empty_like(x)
+    torch.ops._C.rms_norm(normed, x, g, 1e-5)
+    unfused = torch.empty_like(out)
+    torch.ops._C.gemv(unfused, normed, w, b, rows_per_block)
+    torch.testing.assert_close(out, unfused, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_silu_and_mul_norm_prologue_matches_reference(device, m, bias):
+    x, g = _norm_case(m, 2056, seed=8)
+    _, w, b = _case(m, 2 * 700, 2056, bias=bias, seed=9)
+    out = torch.full((m, 700), float("nan"), dtype=torch.float16, device=device)
+    torch.ops._C.gemv_silu_and_mul(out, x, w, b, 0, g, 1e-6)
+    gate_up = (_rms_normed(x, g, 1e-6) @ w.double().t() + (b.double() if bias else 0)).half()
+    expected = (F.silu(gate_up[:, :700].float()).half().float() * gate_up[:, 700:].float()).half()
+    torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta", dtype=torch.float16)
     args = dict(out=torch.empty(2, 64, **meta), input=torch.empty(2, 32, **meta), weight=torch.empty(64, 32, **meta),
@@ -157,15 +205,30 @@ BAD_ARGS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,message", BAD_ARGS)
+NORM_BAD_ARGS = [
+    (dict(norm_weight=_meta(33)), "'norm_weight' must be contiguous and 1-D of size K = 32"),
+    (dict(norm_weight=_meta((1, 32))), "'norm_weight' must be contiguous and 1-D of size K = 32"),
+    (dict(norm_weight=_meta(32, torch.float32)), "'norm_weight' has dtype float32 but 'input' has float16"),
+    (dict(norm_weight=_meta(32), epsilon=0.0), "'epsilon' must be > 0 with a norm_weight, got 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_ARGS + NORM_BAD_ARGS)
 def test_bad_input_is_a_clear_error(overrides, message):
     with pytest.raises(RuntimeError, match=re.escape(f"gemv: {message}")):
         torch.ops._C.gemv(**_meta_args(**overrides))
 
 
+@pytest.mark.parametrize("overrides,message", NORM_BAD_ARGS)
+def test_silu_and_mul_norm_bad_input_is_a_clear_error(overrides, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"gemv_silu_and_mul: {message}")):
+        torch.ops._C.gemv_silu_and_mul(**_meta_args(out=_meta((2, 32)), **overrides))
+
+
 def test_valid_meta_args_pass():
     torch.ops._C.gemv(**_meta_args())
     torch.ops._C.gemv(**_meta_args(bias=_meta(64), rows_per_block=8))
+    torch.ops._C.gemv(**_meta_args(norm_weight=_meta(32), epsilon=1e-6))
 
 
 GATED_BAD_ARGS = [

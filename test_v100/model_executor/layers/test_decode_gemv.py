@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from vllm_volta.model_executor.layers.activation import SiluAndMul
 from vllm_volta.model_executor.layers.decode_gemv import (add_linear_, gemv_applies, gemv_enabled, linear,
                                                           silu_and_mul_linear)
+from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import RowParallelLinear
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,6 +29,10 @@ def test_cpu_inputs_take_f_linear():
     assert torch.equal(linear(x, w, b, use_gemv=True), F.linear(x, w, b))
     act = SiluAndMul()
     assert torch.equal(silu_and_mul_linear(x, w, b, True, act), act(F.linear(x, w, b)))
+    norm = RMSNorm(16, 1e-5)
+    norm.weight.data.uniform_(0.5, 1.5)
+    assert torch.equal(linear(x, w, b, True, norm), F.linear(norm(x), w, b))
+    assert torch.equal(silu_and_mul_linear(x, w, b, True, act, norm), act(F.linear(norm(x), w, b)))
     residual = torch.randn(2, 8)
     before = residual.clone()
     assert add_linear_(residual, x, w, b, use_gemv=True) is False
@@ -78,6 +83,51 @@ def test_silu_and_mul_linear_matches_the_two_steps(device, rows, use_gemv, monke
     gate_up = (x.double() @ w.double().t() + b.double()).half()
     expected = (F.silu(gate_up[:, :48].float()).half().float() * gate_up[:, 48:].float()).half()
     torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
+
+
+def _counting(monkeypatch, name):
+    import vllm_volta._custom_ops as ops
+
+    calls = []
+    real = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *a, **k: calls.append(k.get("norm_weight") is not None) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("use_gemv", [True, False])
+def test_norm_prologue_matches_norm_then_product(device, rows, use_gemv, monkeypatch):
+    gemv_calls, gated_calls = _counting(monkeypatch, "gemv"), _counting(monkeypatch, "gemv_silu_and_mul")
+    norm = RMSNorm(256, 1e-5).to(device=device, dtype=torch.float16)
+    norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(rows, 256, dtype=torch.float16, device=device) * 4
+    w = (torch.randn(96, 256, device=device) / 16).half()
+    b = torch.randn(96, dtype=torch.float16, device=device)
+    normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.double()
+    out = linear(x, w, b, use_gemv, norm)
+    torch.testing.assert_close(out.double(), normed @ w.double().t() + b.double(), atol=4e-3, rtol=4e-3)
+    act = SiluAndMul()
+    gated = silu_and_mul_linear(x, w, b, use_gemv, act, norm)
+    gate_up = (normed @ w.double().t() + b.double()).half()
+    expected = (F.silu(gate_up[:, :48].float()).half().float() * gate_up[:, 48:].float()).half()
+    torch.testing.assert_close(gated.double(), expected.double(), atol=4e-3, rtol=4e-3)
+    fused = use_gemv and rows <= 2
+    assert gemv_calls == ([True] if fused else []) and gated_calls == ([True] if fused else [])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_a_norm_weight_gemv_cannot_take_runs_the_norm_op(device, monkeypatch):
+    gemv_calls = _counting(monkeypatch, "gemv")
+    norm = RMSNorm(256, 1e-5).to(device=device, dtype=torch.float16)
+    unaligned = (torch.rand(257, dtype=torch.float16, device=device) + 0.5)[1:]  # 2 bytes past a 16-byte boundary
+    assert unaligned.data_ptr() % 16 != 0
+    norm.weight = torch.nn.Parameter(unaligned, requires_grad=False)
+    x = torch.randn(1, 256, dtype=torch.float16, device=device)
+    w = (torch.randn(64, 256, device=device) / 16).half()
+    out = linear(x, w, None, True, norm)
+    assert gemv_calls == []
+    torch.testing.assert_close(out, F.linear(norm(x), w), atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])

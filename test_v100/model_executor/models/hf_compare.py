@@ -150,14 +150,23 @@ def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedMode
 @torch.no_grad()
 def check_fp16_decode_fusions(folder: Path, hf: transformers.PreTrainedModel, monkeypatch) -> None:
     """float16 on a GPU: decode steps of 2 and 1 sequences run the fused gemv epilogues
-    (gemv_silu_and_mul, gemv_add: the layer returns the residual with the sum in it); their
-    logits match HF's and, closely, the same model with gemv switched off (cuBLAS + norms)."""
+    (gemv_silu_and_mul, gemv_add: the layer returns the residual with the sum in it) and the
+    pre-norms as gemv prologues (qkv and gate_up get a norm_weight); their logits match HF's
+    and, closely, the same model with gemv switched off (cuBLAS + norms)."""
     from vllm_volta import _custom_ops as ops
 
-    calls: dict[str, int] = {"gemv_silu_and_mul": 0, "gemv_add": 0}
+    calls: dict[str, int] = {"gemv": 0, "gemv_silu_and_mul": 0, "gemv_add": 0}
+    normed: dict[str, int] = dict.fromkeys(calls, 0)
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            normed[name] += kwargs.get("norm_weight") is not None
+            return real(*args, **kwargs)
+        return call
+
     for name in calls:
-        real = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _n=name, _f=real: calls.__setitem__(_n, calls[_n] + 1) or _f(*a))
+        monkeypatch.setattr(ops, name, counted(name, getattr(ops, name)))
     g = torch.Generator().manual_seed(2)
     full = {s: torch.randint(0, hf.config.vocab_size, (n,), generator=g).tolist() for s, n in (("a", 11), ("b", 9))}
     ref = {s: hf_logits(hf, toks) for s, toks in full.items()}
@@ -172,8 +181,10 @@ def check_fp16_decode_fusions(folder: Path, hf: transformers.PreTrainedModel, mo
         runner = PagedRunner(model, device="cuda")
         results.append([runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()}) for step in schedule])
     layers = model.config.num_hidden_layers
-    # 3 decode steps x layers, once each; the prefill step and the cuBLAS run take neither.
-    assert calls == {"gemv_silu_and_mul": 3 * layers, "gemv_add": 2 * 3 * layers}
+    # 3 decode steps x layers, once each (gemv: qkv_proj); the prefill step and the cuBLAS run
+    # take none.
+    assert calls == {"gemv": 3 * layers, "gemv_silu_and_mul": 3 * layers, "gemv_add": 2 * 3 * layers}
+    assert normed == {"gemv": 3 * layers, "gemv_silu_and_mul": 3 * layers, "gemv_add": 0}
     for step_no, step in enumerate(schedule):
         for s, (lo, hi) in step.items():
             fused, plain = results[0][step_no][s], results[1][step_no][s]

@@ -9,8 +9,11 @@ every other case, and every case with VLLM_VOLTA_DECODE_GEMV=0, goes to F.linear
 
 Two epilogues remove a kernel (or, with the V100 adapter, several ATen kernels) per use:
 ``gemv_silu_and_mul`` also applies an MLP's gated activation (``silu_and_mul_linear``), and
-``gemv_add`` adds a projection into the residual stream (``add_linear_``), so the norm after
-it is a plain rms_norm instead of fused_add_rms_norm.
+``gemv_add`` adds a projection into the residual stream (``add_linear_``). A decoder layer's
+pre-norms then read the residual stream alone, so they become a prologue of the projection
+they feed (``norm=`` of ``linear`` and ``silu_and_mul_linear``): gemv RMS-normalizes its input
+rows in the same pass (in FP32, without rms_norm's rounding of the normalized row to float16),
+and no norm kernel runs at all.
 
 Measured on an H200 (Llama-3-8B projections, one decoder layer's four GEMVs, CUDA graphs):
 1 row 106 us vs cuBLAS 121 us, 2 rows 109 vs 114, 4 rows 146 vs 115. So 2 rows is the
@@ -18,13 +21,16 @@ limit here, although the kernel takes up to 4.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from vllm_volta import _custom_ops as ops
 from vllm_volta.logger import info_once, init_logger
+
+if TYPE_CHECKING:
+    from vllm_volta.model_executor.layers.layernorm import RMSNorm
 
 logger = init_logger(__name__)
 
@@ -51,24 +57,48 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.is_contiguous() and weight.data_ptr() % 16 == 0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool) -> torch.Tensor:
-    """x W^T + b, through gemv when `use_gemv` and the input fits it, else F.linear."""
-    if use_gemv and gemv_applies(x, weight):
+def _norm_args(norm: RMSNorm | None, x: torch.Tensor) -> dict[str, Any] | None:
+    """gemv's norm_weight / epsilon arguments for `norm` as the prologue ({} for none), or None
+    when its weight does not fit gemv (then the norm runs as its own op)."""
+    if norm is None:
+        return {}
+    w = norm.weight
+    if not (w.dtype == torch.float16 and w.shape == (x.shape[1],) and w.is_contiguous()
+            and w.data_ptr() % 16 == 0):
+        return None
+    return {"norm_weight": w, "epsilon": norm.variance_epsilon}
+
+
+def _gemv_args(x: torch.Tensor, weight: torch.Tensor, use_gemv: bool, norm: RMSNorm | None
+               ) -> dict[str, Any] | None:
+    """The extra gemv arguments when gemv runs this product (``norm`` as its prologue), else None."""
+    if not (use_gemv and gemv_applies(x, weight)):
+        return None
+    return _norm_args(norm, x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool,
+           norm: RMSNorm | None = None) -> torch.Tensor:
+    """norm(x) W^T + b (x W^T + b without `norm`), through gemv when `use_gemv` and the input fits
+    it, else the norm op and F.linear."""
+    if (args := _gemv_args(x, weight, use_gemv, norm)) is not None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-        ops.gemv(out, x, weight, bias)
+        ops.gemv(out, x, weight, bias, **args)
         return out
-    return F.linear(x, weight, bias)
+    return F.linear(x if norm is None else norm(x), weight, bias)
 
 
 def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool,
-                        act_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """silu(x W_gate^T) * (x W_up^T) for weight = [W_gate; W_up]: one gemv_silu_and_mul launch
-    when `use_gemv` and the input fits gemv, else ``act_fn`` (silu_and_mul) after the product."""
-    if use_gemv and gemv_applies(x, weight):
+                        act_fn: Callable[[torch.Tensor], torch.Tensor], norm: RMSNorm | None = None
+                        ) -> torch.Tensor:
+    """silu(x W_gate^T) * (x W_up^T) for weight = [W_gate; W_up] (x = norm(x) with `norm`): one
+    gemv_silu_and_mul launch when `use_gemv` and the input fits gemv, else the norm op, the
+    product and ``act_fn`` (silu_and_mul)."""
+    if (args := _gemv_args(x, weight, use_gemv, norm)) is not None:
         out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-        ops.gemv_silu_and_mul(out, x, weight, bias)
+        ops.gemv_silu_and_mul(out, x, weight, bias, **args)
         return out
-    return act_fn(F.linear(x, weight, bias))
+    return act_fn(F.linear(x if norm is None else norm(x), weight, bias))
 
 
 def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -7,6 +7,8 @@ parallel size. ``forward`` returns the output tensor (vLLM also returns an unuse
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -14,6 +16,9 @@ from vllm_volta.model_executor.layers.decode_gemv import add_linear_, gemv_enabl
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+
+if TYPE_CHECKING:
+    from vllm_volta.model_executor.layers.layernorm import RMSNorm
 
 
 def copy_weight(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -67,8 +72,9 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         default_weight_loader(param, loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.use_gemv)
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        """x W^T + b; with `norm`, of norm(x) (fused into gemv at decode sizes)."""
+        return linear(x, self.weight, self.bias, self.use_gemv, norm)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
@@ -99,8 +105,8 @@ class ColumnParallelLinear(LinearBase):
         copy_weight(param.data, take_shard(loaded_weight, 0, self.tp_rank, size,
                                            size * self.tp_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        out = super().forward(x, norm)
         return tensor_model_parallel_all_gather(out) if self.gather_output else out
 
 

@@ -42,12 +42,12 @@ class LlamaMLP(nn.Module):
         # Decode-sized inputs: gate_up and silu_and_mul in one gemv launch (decode_gemv.py).
         self.fused_act = isinstance(self.act_fn, SiluAndMul)
 
-    def activation(self, x: torch.Tensor) -> torch.Tensor:
-        """act(gate) * up: the input of down_proj."""
+    def activation(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        """act(gate) * up: the input of down_proj (gate/up of norm(x) with `norm`)."""
         if self.fused_act:
             gate_up = self.gate_up_proj
-            return silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.use_gemv, self.act_fn)
-        return self.act_fn(self.gate_up_proj(x))
+            return silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.use_gemv, self.act_fn, norm)
+        return self.act_fn(self.gate_up_proj(x, norm))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.activation(x))
@@ -79,9 +79,10 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attend(positions, hidden_states, kv_cache, attn_metadata))
 
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-               kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """The attention output, before o_proj."""
-        qkv = self.qkv_proj(hidden_states)
+               kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
+               norm: RMSNorm | None = None) -> torch.Tensor:
+        """The attention output, before o_proj (of norm(hidden_states) with `norm`)."""
+        qkv = self.qkv_proj(hidden_states, norm)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
@@ -92,9 +93,10 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
 
-    At decode sizes o_proj and down_proj add their outputs straight into the residual stream
-    (RowParallelLinear.add_into_, one gemv_add kernel each), so the norm after each is a plain
-    rms_norm; a layer then returns ``(None, residual)``: the residual already holds the sum.
+    At decode sizes (decode_gemv.py) o_proj and down_proj add their outputs straight into the
+    residual stream (RowParallelLinear.add_into_, one gemv_add kernel each), and each pre-norm
+    is the prologue of the gemv it feeds (qkv_proj, gate_up_proj): no norm kernel runs. A layer
+    then returns ``(None, residual)``: the residual already holds the sum.
     """
 
     def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module,
@@ -110,29 +112,22 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | None,
                 residual: torch.Tensor | None, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> tuple[torch.Tensor | None, torch.Tensor]:
-        if residual is None:  # the first layer: the residual stream starts as the embeddings
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+        pre_norm = None
+        if residual is None or hidden_states is None:
+            # The residual stream is this layer's input (the first layer: the embeddings).
+            residual = hidden_states if residual is None else residual
+            hidden_states, pre_norm = residual, self.input_layernorm
         else:
-            hidden_states, residual = add_and_norm(self.input_layernorm, hidden_states, residual)
-        attn_out = self.self_attn.attend(positions, hidden_states, kv_cache, attn_metadata)
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        attn_out = self.self_attn.attend(positions, hidden_states, kv_cache, attn_metadata, pre_norm)
         if self.self_attn.o_proj.add_into_(residual, attn_out):
-            hidden_states = self.post_attention_layernorm(residual)
+            mlp_act = self.mlp.activation(residual, self.post_attention_layernorm)
         else:
             hidden_states, residual = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
-        mlp_act = self.mlp.activation(hidden_states)
+            mlp_act = self.mlp.activation(hidden_states)
         if self.mlp.down_proj.add_into_(residual, mlp_act):
             return None, residual
         return self.mlp.down_proj(mlp_act), residual
-
-
-def add_and_norm(norm: RMSNorm, hidden_states: torch.Tensor | None, residual: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(hidden_states + residual), the sum) - the sum already in `residual` when a layer
-    returned None for hidden_states (its down_proj added into the residual stream)."""
-    if hidden_states is None:
-        return norm(residual), residual
-    return norm(hidden_states, residual)
 
 
 class LlamaModel(nn.Module):
@@ -161,7 +156,9 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,
                                             attn_metadata)
-        hidden_states, _ = add_and_norm(self.norm, hidden_states, residual)
+        if hidden_states is None:  # the last layer added into the residual stream
+            return self.norm(residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 
