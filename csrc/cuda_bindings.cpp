@@ -25,7 +25,9 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("rotary_embedding_and_cache", TORCH_BOX(&rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
+  m.impl("greedy_sample", TORCH_BOX(&greedy_sample));
   m.impl("gemv", TORCH_BOX(&gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&gemv_add));
+  m.impl("gemv_rope_cache", TORCH_BOX(&gemv_rope_cache));
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 namespace vllm_volta {
 
@@ -64,6 +65,46 @@ inline GemvArgs check_gemv_args(const char* op, const Tensor& out, const Tensor&
   VLLM_VOLTA_CHECK(rows_per_block == 0 || rows_per_block == 2 || rows_per_block == 4 || rows_per_block == 8, op,
                   ": 'rows_per_block' must be 0 (automatic), 2, 4 or 8, got ", rows_per_block);
   return {m, n, k, m > 1 ? input.stride(0) : k, m > 1 ? out.stride(0) : n};
+}
+
+struct GemvRopeArgs {
+  int64_t head_size;
+  int64_t q_size;   // query features of out
+  int64_t kv_size;  // key (and value) features of out: num_kv_heads * head_size
+  int64_t num_slots;
+};
+
+// gemv_rope_cache: gemv's contract for out [M, N] (N = q_size + 2 kv_size, rows q | k | v),
+// plus kv_cache [2, num_blocks, block_size, num_kv_heads, head_size] float16 contiguous,
+// positions and slot_mapping int64 [M], cos_sin_cache [max_position, head_size] (full rotation)
+// float32 or float16 with contiguous rows.
+inline GemvRopeArgs check_gemv_rope_args(const Tensor& out, const Tensor& input, const Tensor& weight,
+                                         const std::optional<Tensor>& bias, const Tensor& positions,
+                                         const Tensor& kv_cache, const Tensor& slot_mapping,
+                                         const Tensor& cos_sin_cache, const std::optional<Tensor>& norm_weight,
+                                         double epsilon) {
+  const char* op = "gemv_rope_cache";
+  const GemvArgs a = check_gemv_args(op, out, input, weight, bias, 0, /*gated=*/false, norm_weight, epsilon);
+  check_same_dtype(op, "kv_cache", kv_cache, input, "input");
+  check_same_device(op, "kv_cache", kv_cache, input, "input");
+  VLLM_VOLTA_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(), op,
+                  ": 'kv_cache' must be contiguous [2, num_blocks, block_size, num_kv_heads, head_size]");
+  const int64_t d = kv_cache.size(4), kv_size = kv_cache.size(3) * d, q_size = a.n - 2 * kv_size;
+  VLLM_VOLTA_CHECK(d >= 2 && d % 2 == 0 && q_size > 0 && q_size % d == 0, op, ": 'out' must hold query heads, then ",
+                  "the key and value heads of 'kv_cache' (", kv_size, " features each) of an even head_size ", d,
+                  ", got ", a.n, " features");
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"positions", positions},
+                                std::pair<const char*, const Tensor&>{"slot_mapping", slot_mapping}}) {
+    VLLM_VOLTA_CHECK(t.scalar_type() == ScalarType::Long && t.dim() == 1 && t.size(0) == a.m && t.is_contiguous(),
+                    op, ": '", name, "' must be contiguous int64 [M] with M = ", a.m);
+    check_same_device(op, name, t, input, "input");
+  }
+  VLLM_VOLTA_CHECK(cos_sin_cache.scalar_type() == ScalarType::Float || cos_sin_cache.scalar_type() == ScalarType::Half,
+                  op, ": 'cos_sin_cache' must be float32 or float16, got ", dtype_name(cos_sin_cache.scalar_type()));
+  VLLM_VOLTA_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == d && cos_sin_cache.stride(1) == 1, op,
+                  ": 'cos_sin_cache' must be [max_position, head_size = ", d, "] with contiguous rows");
+  check_same_device(op, "cos_sin_cache", cos_sin_cache, input, "input");
+  return {d, q_size, kv_size, kv_cache.size(1) * kv_cache.size(2)};
 }
 
 }  // namespace vllm_volta

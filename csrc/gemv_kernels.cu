@@ -1,4 +1,4 @@
-// Host launchers of gemv, gemv_silu_and_mul and gemv_add (device code: kernels/gemv.cuh). No
+// Host launchers of gemv, gemv_silu_and_mul, gemv_add and gemv_rope_cache (device code: kernels/gemv.cuh). No
 // host sync; CUDA-graph capturable.
 #include "cuda_launch.h"
 #include "gemv_checks.h"
@@ -29,8 +29,10 @@ constexpr int64_t kGemvDefaultRowsPerBlock = 4;
 
 template <GemvEpilogue E>
 void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
-                 int64_t rows_per_block, std::optional<Tensor> norm_weight = std::nullopt, double epsilon = 0.0) {
+                 int64_t rows_per_block, std::optional<Tensor> norm_weight = std::nullopt, double epsilon = 0.0,
+                 const GemvRope& rope = {}) {
   constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
+  constexpr bool PAIRED = GATED || E == GemvEpilogue::kRopeCache;  // a block's rows come in pairs
   const GemvArgs a = check_gemv_args(op, out, input, weight, bias, rows_per_block, GATED, norm_weight, epsilon);
   check_cuda(op, "input", input);
   VLLM_VOLTA_CHECK(is_aligned16(input.data_ptr()) && is_aligned16(weight.data_ptr()) &&
@@ -53,15 +55,16 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   const __half* b = bias.has_value() ? static_cast<const __half*>(bias->data_ptr()) : nullptr;
   const __half* g = norm_weight.has_value() ? static_cast<const __half*>(norm_weight->data_ptr()) : nullptr;
   const float eps = static_cast<float>(epsilon);
-  const int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.n, GATED ? rows / 2 : rows)));
+  // The kernel's n: output features, or (kRopeCache) rotation pairs.
+  const int n = static_cast<int>(E == GemvEpilogue::kRopeCache ? a.n / 2 : a.n), k = static_cast<int>(a.k);
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, PAIRED ? rows / 2 : rows)));
   auto launch = [&](auto m_tag, auto norm_tag) {
     constexpr int M = decltype(m_tag)::value;
     constexpr bool NORM = decltype(norm_tag)::value;
     switch (rows) {  // R rows x U vectors: 8 weight loads in flight per thread
-      case 2: gemv_kernel<M, 2, 4, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
-      case 4: gemv_kernel<M, 4, 2, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
-      default: gemv_kernel<M, 8, 1, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps); break;
+      case 2: gemv_kernel<M, 2, 4, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
+      case 4: gemv_kernel<M, 4, 2, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
+      default: gemv_kernel<M, 8, 1, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
     }
   };
   dispatch_gemv_rows(a.m, [&](auto m_tag) {
@@ -87,6 +90,27 @@ void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Te
                        std::optional<Tensor> norm_weight, double epsilon) {
   launch_gemv<GemvEpilogue::kSiluAndMul>("gemv_silu_and_mul", out, input, weight, bias, rows_per_block,
                                          norm_weight, epsilon);
+}
+
+void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
+                     Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
+                     std::optional<Tensor> norm_weight, double epsilon) {
+  const char* op = "gemv_rope_cache";
+  const GemvRopeArgs r = check_gemv_rope_args(out, input, weight, bias, positions, kv_cache, slot_mapping,
+                                              cos_sin_cache, norm_weight, epsilon);
+  const GemvRope rope{static_cast<const int64_t*>(positions.data_ptr()),
+                      cos_sin_cache.data_ptr(),
+                      cos_sin_cache.scalar_type() == ScalarType::Float,
+                      is_neox,
+                      cos_sin_cache.stride(0),
+                      cos_sin_cache.size(0),
+                      static_cast<int>(r.head_size),
+                      static_cast<int>(r.q_size),
+                      static_cast<int>(r.kv_size),
+                      static_cast<__half*>(kv_cache.data_ptr()),
+                      static_cast<const int64_t*>(slot_mapping.data_ptr()),
+                      r.num_slots};
+  launch_gemv<GemvEpilogue::kRopeCache>(op, out, input, weight, bias, 0, norm_weight, epsilon, rope);
 }
 
 void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {

@@ -33,11 +33,15 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
 void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
                                      Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
+void meta_greedy_sample(Tensor sampled, Tensor logits);
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
                std::optional<Tensor> norm_weight, double epsilon);
 void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
                             int64_t rows_per_block, std::optional<Tensor> norm_weight, double epsilon);
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
+                          Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
+                          std::optional<Tensor> norm_weight, double epsilon);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -58,8 +62,9 @@ void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key,
 void rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
                                 Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 
-// ---- random sampling (Gumbel-max over the logits), Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
+// ---- random (Gumbel-max) and greedy (argmax) sampling over the logits, Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
 void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds);
+void greedy_sample(Tensor sampled, Tensor logits);
 
 // ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
 void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
@@ -67,6 +72,9 @@ void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, i
 void gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
                        std::optional<Tensor> norm_weight, double epsilon);
 void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block);
+void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
+                     Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
+                     std::optional<Tensor> norm_weight, double epsilon);
 #endif
 
 }  // namespace vllm_volta

@@ -1,5 +1,5 @@
-// Host launcher of gumbel_sample (device code: kernels/sampling.cuh): zero the per-row
-// winners, fold every vocabulary span into them, unpack the token ids. No host sync.
+// Host launchers of gumbel_sample and greedy_sample (device code: kernels/sampling.cuh). No
+// host sync.
 #include "cuda_launch.h"
 #include "kernels/sampling.cuh"
 #include "ops.h"
@@ -7,9 +7,12 @@
 
 namespace vllm_volta {
 
-void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
-  const char* op = "gumbel_sample";
-  const GumbelSampleArgs a = check_gumbel_sample_args(sampled, logits, temperature, seeds);
+namespace {
+
+// Zero the per-row winners, fold every vocabulary span into them, unpack the token ids.
+template <bool NOISE>
+void launch_argmax(const char* op, Tensor sampled, Tensor logits, const SampleArgs& a, const float* temperature,
+                   const int64_t* seeds) {
   check_cuda(op, "logits", logits);
   if (a.rows == 0) return;
   torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
@@ -19,13 +22,25 @@ void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor see
   dispatch_float_type(op, logits, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(ceil_div(a.vocab, kSampleBlockSpan)));
-    gumbel_argmax_kernel<T><<<grid, kSampleThreads, 0, stream>>>(
-        best, static_cast<const T*>(logits.data_ptr()), a.row_stride, a.vocab,
-        static_cast<const float*>(temperature.data_ptr()), static_cast<const int64_t*>(seeds.data_ptr()));
+    gumbel_argmax_kernel<T, NOISE><<<grid, kSampleThreads, 0, stream>>>(
+        best, static_cast<const T*>(logits.data_ptr()), a.row_stride, a.vocab, temperature, seeds);
   });
   gumbel_unpack_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 256)), 256, 0, stream>>>(
       static_cast<int64_t*>(sampled.data_ptr()), a.rows);
   check_launch(op);
+}
+
+}  // namespace
+
+void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
+  const SampleArgs a = check_gumbel_sample_args(sampled, logits, temperature, seeds);
+  launch_argmax<true>("gumbel_sample", sampled, logits, a, static_cast<const float*>(temperature.data_ptr()),
+                      static_cast<const int64_t*>(seeds.data_ptr()));
+}
+
+void greedy_sample(Tensor sampled, Tensor logits) {
+  const SampleArgs a = check_sample_args("greedy_sample", sampled, logits);
+  launch_argmax<false>("greedy_sample", sampled, logits, a, nullptr, nullptr);
 }
 
 }  // namespace vllm_volta

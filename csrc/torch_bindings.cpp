@@ -58,6 +58,7 @@ void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key,
 void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
   check_gumbel_sample_args(sampled, logits, temperature, seeds);
 }
+void meta_greedy_sample(Tensor sampled, Tensor logits) { check_sample_args("greedy_sample", sampled, logits); }
 
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
                std::optional<Tensor> norm_weight, double epsilon) {
@@ -67,6 +68,12 @@ void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::option
                             int64_t rows_per_block, std::optional<Tensor> norm_weight, double epsilon) {
   check_gemv_args("gemv_silu_and_mul", out, input, weight, bias, rows_per_block, /*gated=*/true, norm_weight,
                   epsilon);
+}
+void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
+                          Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
+                          std::optional<Tensor> norm_weight, double epsilon) {
+  check_gemv_rope_args(out, input, weight, bias, positions, kv_cache, slot_mapping, cos_sin_cache, norm_weight,
+                       epsilon);
 }
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
@@ -104,6 +111,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
         "Tensor slot_mapping, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()");
   // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
   m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
+  // sampled[i] = argmax(logits[i]) (the lowest index among equal maxima; NaN never wins).
+  m.def("greedy_sample(Tensor! sampled, Tensor logits) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4;
   // with norm_weight, of rms_norm(input, norm_weight, epsilon) instead of input (a pre-norm).
   m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
@@ -116,6 +125,11 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [M, N] += input @ weight^T (+ bias), the product rounded first: a projection added
   // into the residual stream (what gemv, then fused_add_rms_norm's add, computes).
   m.def("gemv_add(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()");
+  // An attention layer's qkv projection at decode: gemv (with the optional norm prologue), then
+  // rotary_embedding_and_cache on its q | k | v rows (full rotation), in one kernel.
+  m.def("gemv_rope_cache(Tensor! out, Tensor input, Tensor weight, Tensor? bias, Tensor positions, "
+        "Tensor! kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox, Tensor? norm_weight=None, "
+        "float epsilon=0.0) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -133,9 +147,11 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("rotary_embedding", TORCH_BOX(&meta_rotary_embedding));
   m.impl("rotary_embedding_and_cache", TORCH_BOX(&meta_rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
+  m.impl("greedy_sample", TORCH_BOX(&meta_greedy_sample));
   m.impl("gemv", TORCH_BOX(&meta_gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&meta_gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&meta_gemv_add));
+  m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

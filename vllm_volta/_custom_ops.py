@@ -120,6 +120,13 @@ def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torc
     torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds)
 
 
+def greedy_sample(sampled: torch.Tensor, logits: torch.Tensor) -> None:
+    """``sampled[i]`` <- argmax of ``logits[i]``: the lowest index among equal maxima, as
+    ``torch.argmax``, but NaN never wins. CUDA only; the same one-pass, many-block kernel as
+    ``gumbel_sample`` without the noise (ATen's argmax reduces a row in one block)."""
+    torch.ops._C.greedy_sample(sampled, logits)
+
+
 def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          rows_per_block: int = 0, norm_weight: torch.Tensor | None = None, epsilon: float = 0.0) -> None:
     """``out`` [M, N] <- ``input`` [M, K] @ ``weight`` [N, K]^T (+ ``bias``). CUDA, float16 only.
@@ -155,3 +162,18 @@ def gemv_add(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias:
     contract as ``gemv`` otherwise.
     """
     torch.ops._C.gemv_add(out, input, weight, bias, rows_per_block)
+
+
+def gemv_rope_cache(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, is_neox: bool, norm_weight: torch.Tensor | None = None,
+                    epsilon: float = 0.0) -> None:
+    """An attention layer's decode qkv projection in one kernel: ``out`` [M, q | k | v] <- ``gemv``
+    (``norm_weight``: with the norm prologue), then ``rotary_embedding_and_cache`` on it: RoPE
+    on the query and key heads (full rotation: ``cos_sin_cache`` [max_position, head_size],
+    float32 or float16) and the key/value rows written to ``kv_cache`` [2, blocks, block_size,
+    kv_heads, head_size] at ``slot_mapping`` (int64 [M]; slots < 0 are skipped). The same
+    roundings as the two ops in a row. ``positions`` int64 [M]. CUDA, float16 only.
+    """
+    torch.ops._C.gemv_rope_cache(out, input, weight, bias, positions, kv_cache, slot_mapping, cos_sin_cache,
+                                 is_neox, norm_weight, epsilon)

@@ -11,6 +11,12 @@
 //    silu(gate_j) * up_j, gate and up rounded to FP16 first (gemv, then silu_and_mul);
 //  kAdd (a projection that feeds the residual stream): out[m][j] += the product, rounded to
 //    FP16 first (gemv, then the add of fused_add_rms_norm).
+//  kRopeCache (an attention layer's qkv projection at decode): the RoPE of the query and key
+//    heads and the KV-cache write of key and value (rotary_embedding_and_cache) after the
+//    product. A block owns R/2 rotation pairs (rows i and i + D/2 of a head, neox style; rows
+//    2i and 2i + 1, GPT-J style) and the R/2 partners: out[m] holds q | k | v rotated as
+//    rotary_embedding_and_cache leaves them (same roundings: bit-equal), and the key/value rows
+//    also go to kv_cache at the token's slot (slots < 0 or past the cache are skipped).
 // Prologue NORM (a decoder layer's pre-norm, which feeds qkv and gate_up): the input rows are
 // RMS-normalized first, x -> x * rsqrt(mean(x^2) + eps) * g. Each block reads whole input rows
 // anyway, so it sums their squares in the same pass, multiplies x by g in FP32 (exact: FP16 x
@@ -21,6 +27,7 @@
 
 #include "kernels/activation.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/rotary.cuh"
 #include "kernels/type_convert.cuh"
 
 namespace vllm_volta {
@@ -45,28 +52,54 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8], float
   return acc;
 }
 
-enum class GemvEpilogue { kNone, kSiluAndMul, kAdd };
+enum class GemvEpilogue { kNone, kSiluAndMul, kAdd, kRopeCache };
+
+// What kRopeCache needs besides the product (full rotation: rot_dim = head_size).
+struct GemvRope {
+  const int64_t* positions;  // [M]
+  const void* cos_sin;       // [max_position, head_size]: cos | sin, float32 or float16
+  bool cos_sin_is_float;
+  bool neox;
+  int64_t cos_sin_stride;
+  int64_t max_position;
+  int head_size;
+  int q_size;   // query features (heads x head_size); key and value have kv_size each
+  int kv_size;
+  __half* kv_cache;  // [2, num_slots, kv_size]
+  const int64_t* slots;  // [M]
+  int64_t num_slots;
+};
+
+// Weight row of rotation pair p's first (second = false) or second element.
+__device__ __forceinline__ int rope_row(int p, bool second, const GemvRope& rope) {
+  const int half = rope.head_size / 2, head = p / half, i = p % half;
+  return head * rope.head_size + (rope.neox ? i + (second ? half : 0) : 2 * i + (second ? 1 : 0));
+}
 
 // M input rows, R weight rows per block, U vectors per thread per step in flight per row;
 // n output features (kSiluAndMul: the weight has 2n rows).
-// NORM: norm_weight [k] and eps define the prologue.
+// NORM: norm_weight [k] and eps define the prologue. n: output features (kSiluAndMul: the
+// weight has 2n rows; kRopeCache: n rotation pairs, the weight and out have 2n rows).
 template <int M, int R, int U, GemvEpilogue E, bool NORM>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(__half* __restrict__ out, int64_t out_stride, const __half* __restrict__ input, int64_t in_stride,
                 const __half* __restrict__ weight, const __half* __restrict__ bias, int n, int k,
-                const __half* __restrict__ norm_weight, float eps) {
+                const __half* __restrict__ norm_weight, float eps, GemvRope rope) {
   constexpr bool GATED = E == GemvEpilogue::kSiluAndMul;
-  static_assert(!GATED || R % 2 == 0, "a gated block pairs gate and up rows");
-  constexpr int kCols = GATED ? R / 2 : R;  // output features per block
+  constexpr bool ROPE = E == GemvEpilogue::kRopeCache;
+  static_assert(!(GATED || ROPE) || R % 2 == 0, "a gated or rotating block pairs its rows");
+  constexpr int kCols = GATED || ROPE ? R / 2 : R;  // output features (pairs) per block
   const int nvec = k / 8;
   const int col0 = blockIdx.x * kCols;
+  // Weight row of the block's r-th row: features past n read feature n - 1 and are not written.
+  auto row_of = [&](int r) {
+    const int col = min(col0 + r % kCols, n - 1);
+    if constexpr (ROPE) return rope_row(col, r >= kCols, rope);
+    return GATED && r >= kCols ? n + col : col;
+  };
   const uint4* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {  // features past n read feature n - 1 and are not written
-    const int col = min(col0 + r % kCols, n - 1);
-    const int row = GATED && r >= kCols ? n + col : col;
-    w[r] = reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(row) * k);
-  }
+  for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const uint4*>(weight + static_cast<int64_t>(row_of(r)) * k);
   float acc[M][R];
   float squares[M];  // NORM: this thread's share of sum(x^2) per input row
 #pragma unroll
@@ -136,17 +169,46 @@ __global__ void __launch_bounds__(kGemvThreads)
     if constexpr (NORM) return b + block_sum(m * R + r, 0.f) * rsqrtf(block_sum(M * R + m, 0.f) / k + eps);
     return block_sum(m * R + r, b);
   };
+  // kRopeCache: rows a and b (a pair) of token m, their sums ya and yb.
+  auto rope_and_cache = [&](int m, int a, int b, float ya, float yb) {
+    __half ha = __float2half(ya), hb = __float2half(yb);
+    const int64_t pos = rope.positions[m];
+    if (a < rope.q_size + rope.kv_size && pos >= 0 && pos < rope.max_position) {  // query or key: rotate
+      const int half = rope.head_size / 2, i = (rope.neox ? a : a / 2) % half;
+      const int64_t at = pos * rope.cos_sin_stride + i;
+      auto entry = [&](int64_t j) {
+        return rope.cos_sin_is_float ? static_cast<const float*>(rope.cos_sin)[j]
+                                     : __half2float(static_cast<const __half*>(rope.cos_sin)[j]);
+      };
+      rotate_pair(ha, hb, round_to<__half>(entry(at)), round_to<__half>(entry(at + half)));
+    }
+    out[m * out_stride + a] = ha;
+    out[m * out_stride + b] = hb;
+    const int64_t slot = rope.slots[m];
+    if (a >= rope.q_size && slot >= 0 && slot < rope.num_slots) {  // key or value: into the cache
+      const bool value = a >= rope.q_size + rope.kv_size;
+      const int first = value ? rope.q_size + rope.kv_size : rope.q_size;  // the section's first row
+      __half* row = rope.kv_cache + ((value ? rope.num_slots : 0) + slot) * rope.kv_size;
+      row[a - first] = ha;
+      row[b - first] = hb;
+    }
+  };
   if (threadIdx.x < M * kCols) {
     const int m = threadIdx.x / kCols, c = threadIdx.x % kCols, col = col0 + c;
     if (col < n) {
-      float y = weight_row_sum(m, c, col);
-      if constexpr (GATED) {
-        const float up = round_to<__half>(weight_row_sum(m, kCols + c, n + col));
-        y = round_to<__half>(activate<Activation::kSilu>(round_to<__half>(y))) * up;
-      } else if constexpr (E == GemvEpilogue::kAdd) {
-        y = round_to<__half>(y) + __half2float(out[m * out_stride + col]);
+      if constexpr (ROPE) {
+        const int a = row_of(c), b = row_of(kCols + c);
+        rope_and_cache(m, a, b, weight_row_sum(m, c, a), weight_row_sum(m, kCols + c, b));
+      } else {
+        float y = weight_row_sum(m, c, col);
+        if constexpr (GATED) {
+          const float up = round_to<__half>(weight_row_sum(m, kCols + c, n + col));
+          y = round_to<__half>(activate<Activation::kSilu>(round_to<__half>(y))) * up;
+        } else if constexpr (E == GemvEpilogue::kAdd) {
+          y = round_to<__half>(y) + __half2float(out[m * out_stride + col]);
+        }
+        out[m * out_stride + col] = __float2half(y);
       }
-      out[m * out_stride + col] = __float2half(y);
     }
   }
 }

@@ -1,4 +1,5 @@
-// Random sampling as a Gumbel-max in one pass over the logits (device code only):
+// Random sampling as a Gumbel-max in one pass over the logits (device code only), and the
+// same pass without noise for greedy rows (argmax):
 //   token = argmax_i (logits[i] / T + G_i),  G_i = -log(E_i),  E_i ~ Exp(1),
 // which draws token i with probability softmax(logits / T)_i (the sampler's exponential race
 // argmax(p_i / E_i) with log taken). No float32 copy, softmax or random tensor is written.
@@ -49,8 +50,9 @@ __device__ __forceinline__ unsigned long long pack_candidate(float key, int64_t 
 }
 
 // Grid (rows, ceil(vocab / kSampleBlockSpan)): each block folds its span of one row into
-// best[row] with a 64-bit atomicMax (best[] zeroed before).
-template <typename T>
+// best[row] with a 64-bit atomicMax (best[] zeroed before). NOISE false: the plain argmax of
+// the logits (greedy sampling; temperature and seeds are not read).
+template <typename T, bool NOISE>
 __global__ void gumbel_argmax_kernel(unsigned long long* __restrict__ best, const T* __restrict__ logits,
                                      int64_t row_stride, int64_t vocab, const float* __restrict__ temperature,
                                      const int64_t* __restrict__ seeds) {
@@ -59,23 +61,31 @@ __global__ void gumbel_argmax_kernel(unsigned long long* __restrict__ best, cons
   } else {
     const int64_t row = blockIdx.x;
     const T* x = logits + row * row_stride;
-    const float inv_t = 1.f / temperature[row];
-    const unsigned long long seed = static_cast<unsigned long long>(seeds[row]);
-    const uint2 key = make_uint2(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
+    float inv_t = 1.f;
+    uint2 key = make_uint2(0u, 0u);
+    if constexpr (NOISE) {
+      inv_t = 1.f / temperature[row];
+      const unsigned long long seed = static_cast<unsigned long long>(seeds[row]);
+      key = make_uint2(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
+    }
     unsigned long long local = 0;
     const int64_t quad0 = static_cast<int64_t>(blockIdx.y) * kSampleThreads * kSampleQuadsPerThread + threadIdx.x;
 #pragma unroll
     for (int j = 0; j < kSampleQuadsPerThread; ++j) {
       const int64_t quad = quad0 + j * kSampleThreads;
       if (quad * 4 >= vocab) continue;
-      const uint4 r = philox4x32_10(make_uint4(static_cast<unsigned>(quad), static_cast<unsigned>(quad >> 32), 0u, 0u),
-                                    key);
-      const unsigned bits[4] = {r.x, r.y, r.z, r.w};
+      unsigned bits[4] = {0u, 0u, 0u, 0u};
+      if constexpr (NOISE) {
+        const uint4 r = philox4x32_10(
+            make_uint4(static_cast<unsigned>(quad), static_cast<unsigned>(quad >> 32), 0u, 0u), key);
+        bits[0] = r.x, bits[1] = r.y, bits[2] = r.z, bits[3] = r.w;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t i = quad * 4 + e;
         if (i >= vocab) continue;
-        const float k = Convert<T>::to_float(x[i]) * inv_t + gumbel_noise(bits[e]);
+        const float logit = Convert<T>::to_float(x[i]);
+        const float k = NOISE ? logit * inv_t + gumbel_noise(bits[e]) : logit;
         if (k == k) local = max(local, pack_candidate(k, i));  // NaN never wins
       }
     }

@@ -178,6 +178,43 @@ def test_silu_and_mul_norm_prologue_matches_reference(device, m, bias):
     torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
 
 
+def _rope_case(m, heads, kv_heads, d, *, bias, norm, table_dtype, seed):
+    k = heads * d
+    n = (heads + 2 * kv_heads) * d
+    x, w, b = _case(m, n, k, bias=bias, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    cache = torch.randn(2, 5, 16, kv_heads, d, generator=g).half().cuda()
+    positions = torch.randint(0, 300, (m,), generator=g).cuda()
+    positions[-1] = 400 if m > 2 else positions[-1]  # past the table (320 rows): not rotated
+    slots = torch.randperm(80, generator=g)[:m].cuda()
+    slots[0] = -1 if m > 1 else slots[0]  # a padding row: no cache write
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(320).float(), inv_freq)
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(table_dtype).cuda()
+    norm_weight = (torch.rand(k, generator=g) + 0.5).half().cuda() if norm else None
+    return x, w, b, cache, positions, slots, table, norm_weight
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 64), (32, 8, 128)])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("bias,norm,table_dtype", [(False, False, torch.float32), (True, True, torch.float16),
+                                                   (True, False, torch.float16), (False, True, torch.float32)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_rope_cache_equals_gemv_then_rotary_and_cache(device, m, heads, kv_heads, d, neox, bias, norm, table_dtype):
+    x, w, b, cache, positions, slots, table, g = _rope_case(m, heads, kv_heads, d, bias=bias, norm=norm,
+                                                            table_dtype=table_dtype, seed=10)
+    q_size, kv_size = heads * d, kv_heads * d
+    expected, expected_cache = torch.empty(m, w.shape[0], dtype=torch.float16, device=device), cache.clone()
+    torch.ops._C.gemv(expected, x, w, b, 0, g, 1e-6 if norm else 0.0)
+    q, k, v = expected.split([q_size, kv_size, kv_size], dim=1)
+    torch.ops._C.rotary_embedding_and_cache(positions, q, k, v, expected_cache, slots, d, table, neox)
+    out = torch.full_like(expected, float("nan"))
+    torch.ops._C.gemv_rope_cache(out, x, w, b, positions, cache, slots, table, neox, g, 1e-6 if norm else 0.0)
+    assert torch.equal(out, expected)
+    assert torch.equal(cache, expected_cache)
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta", dtype=torch.float16)
     args = dict(out=torch.empty(2, 64, **meta), input=torch.empty(2, 32, **meta), weight=torch.empty(64, 32, **meta),
@@ -249,6 +286,39 @@ def test_silu_and_mul_bad_input_is_a_clear_error(overrides, message):
 
 def test_silu_and_mul_valid_meta_args_pass():
     torch.ops._C.gemv_silu_and_mul(**_meta_args(out=_meta((2, 32)), bias=_meta(64)))
+
+
+def _rope_meta_args(**overrides):
+    args = dict(out=_meta((2, 8 * 16)), input=_meta((2, 32)), weight=_meta((8 * 16, 32)), bias=None,
+                positions=_meta(2, torch.int64), kv_cache=_meta((2, 3, 16, 2, 16)), slot_mapping=_meta(2, torch.int64),
+                cos_sin_cache=_meta((100, 16), torch.float32), is_neox=True)
+    args.update(overrides)
+    return args
+
+
+ROPE_BAD_ARGS = [
+    (dict(kv_cache=_meta((2, 3, 16, 2, 16), torch.float32)), "'kv_cache' has dtype float32 but 'input' has float16"),
+    (dict(kv_cache=_meta((3, 16, 2, 16))), "'kv_cache' must be contiguous [2, num_blocks, block_size, num_kv_heads, head_size]"),
+    (dict(kv_cache=_meta((2, 3, 16, 4, 16))), "'out' must hold query heads, then the key and value heads of 'kv_cache' "
+                                              "(64 features each) of an even head_size 16, got 128 features"),
+    (dict(positions=_meta(2, torch.int32)), "'positions' must be contiguous int64 [M] with M = 2"),
+    (dict(slot_mapping=_meta(3, torch.int64)), "'slot_mapping' must be contiguous int64 [M] with M = 2"),
+    (dict(cos_sin_cache=_meta((100, 8), torch.float32)), "'cos_sin_cache' must be [max_position, head_size = 16]"),
+    (dict(cos_sin_cache=_meta((100, 16), torch.bfloat16)), "'cos_sin_cache' must be float32 or float16, got bfloat16"),
+    (dict(out=_meta((2, 64))), "'out' must be [M, N] = [2, 128]"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", ROPE_BAD_ARGS)
+def test_rope_cache_bad_input_is_a_clear_error(overrides, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"gemv_rope_cache: {message}")):
+        torch.ops._C.gemv_rope_cache(**_rope_meta_args(**overrides))
+
+
+def test_rope_cache_valid_meta_args_pass():
+    torch.ops._C.gemv_rope_cache(**_rope_meta_args())
+    torch.ops._C.gemv_rope_cache(**_rope_meta_args(norm_weight=_meta(32), epsilon=1e-6,
+                                                   cos_sin_cache=_meta((100, 16))))
 
 
 def test_add_checks_its_arguments_as_gemv_does():

@@ -32,7 +32,13 @@ CUDA_ONLY_OPS = {
         "bool is_neox) -> ()"
     ),
     "gumbel_sample": "gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()",
-    "gemv": "gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0) -> ()",
+    "greedy_sample": "greedy_sample(Tensor! sampled, Tensor logits) -> ()",
+    "gemv": ("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
+             "Tensor? norm_weight=None, float epsilon=0.0) -> ()"),
+    "gemv_rope_cache": (
+        "gemv_rope_cache(Tensor! out, Tensor input, Tensor weight, Tensor? bias, Tensor positions, Tensor! kv_cache, "
+        "Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox, Tensor? norm_weight=None, float epsilon=0.0) -> ()"
+    ),
 }
 
 _LINE = re.compile(r"^(\w+)(?: \(inactive\))?: registered at (\S+?):\d+")

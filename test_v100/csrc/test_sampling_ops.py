@@ -1,6 +1,7 @@
 """gumbel_sample (CUDA kernel): its draws follow softmax(logits / T) (chi-square against the
-float64 softmax), never pick masked tokens, depend only on each row's seed and logits; and
-its argument checks (Meta kernel: run on CPU too)."""
+float64 softmax), never pick masked tokens, depend only on each row's seed and logits;
+greedy_sample equals torch.argmax (ties to the lowest index); and their argument checks
+(Meta kernels: run on CPU too)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,34 @@ def test_a_rows_draw_depends_only_on_its_seed_and_logits():
     assert len(set(full.tolist())) > 32  # rows with different logits draw different tokens
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("vocab", [1, 7, 8192, 8193, 128256])
+def test_greedy_sample_equals_argmax(dtype, vocab):
+    torch.manual_seed(5)
+    wide = torch.randn(9, vocab + 3, device="cuda").to(dtype)
+    logits = wide[:, :vocab]  # strided rows
+    if vocab > 8192:  # ties across the kernel's vocabulary spans: the lowest index wins
+        top = logits.max() + 1
+        logits[0, 8191] = logits[0, vocab - 1] = top
+        logits[1, 5] = logits[1, 8192] = top
+    out = torch.full((9,), -7, dtype=torch.int64, device="cuda")
+    ops.greedy_sample(out, logits)
+    assert torch.equal(out, logits.argmax(dim=1))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_greedy_sample_skips_nan_and_handles_all_masked_rows():
+    logits = torch.full((2, 10000), float("-inf"), dtype=torch.float16, device="cuda")
+    logits[0, 9000] = 1.0
+    logits[0, 3] = float("nan")
+    out = torch.full((2,), -7, dtype=torch.int64, device="cuda")
+    ops.greedy_sample(out, logits)
+    assert out.tolist() == [9000, 0]  # an all -inf row has the first index (as torch.argmax)
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta")
     args = dict(sampled=torch.empty(3, dtype=torch.int64, **meta),
@@ -110,3 +139,19 @@ def test_bad_input_is_a_clear_error(overrides, message):
 
 def test_valid_meta_args_pass():
     torch.ops._C.gumbel_sample(**_meta_args())
+    torch.ops._C.greedy_sample(torch.empty(3, dtype=torch.int64, device="meta"),
+                               torch.empty(3, 100, dtype=torch.float16, device="meta"))
+
+
+@pytest.mark.parametrize("overrides,message", BAD_ARGS[:4])
+def test_greedy_sample_bad_input_is_a_clear_error(overrides, message):
+    args = {k: v for k, v in _meta_args(**overrides).items() if k in ("sampled", "logits")}
+    with pytest.raises(RuntimeError, match=re.escape(f"greedy_sample: {message}")):
+        torch.ops._C.greedy_sample(**args)
+
+
+def test_greedy_sample_needs_one_output_per_row():
+    with pytest.raises(RuntimeError, match=re.escape(
+            "greedy_sample: 'sampled' must be 1-D with one entry per row of 'logits' (3)")):
+        torch.ops._C.greedy_sample(torch.empty(4, dtype=torch.int64, device="meta"),
+                                   torch.empty(3, 100, dtype=torch.float16, device="meta"))

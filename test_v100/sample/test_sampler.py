@@ -24,15 +24,16 @@ def _run(logits, params, outputs=None, prompts=None, generators=None, device="cp
     return sampler(logits.to(device), meta)
 
 
-def test_greedy_is_argmax_and_keeps_input() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_is_argmax_and_keeps_input(device) -> None:
     logits = torch.randn(5, 97)
     before = logits.clone()
-    out = _run(logits, [SamplingParams(temperature=0)] * 5)
+    out = _run(logits, [SamplingParams(temperature=0)] * 5, device=device)
     assert out.sampled_token_ids.dtype == torch.int64
-    assert torch.equal(out.sampled_token_ids, logits.argmax(dim=1))
+    assert torch.equal(out.sampled_token_ids.cpu(), logits.argmax(dim=1))
     assert out.logprobs_tensors is None
-    half = _run(logits.half(), [SamplingParams(temperature=0)] * 5)
-    assert torch.equal(half.sampled_token_ids, logits.half().float().argmax(dim=1))
+    half = _run(logits.half(), [SamplingParams(temperature=0)] * 5, device=device)
+    assert torch.equal(half.sampled_token_ids.cpu(), logits.half().float().argmax(dim=1))
     # Penalties and temperature work on a copy.
     _run(logits, [SamplingParams(temperature=0.5, presence_penalty=1.0)] * 5,
          outputs=[[1, 2]] * 5, generators=None)

@@ -58,9 +58,13 @@ class Attention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
-                rope: tuple[nn.Module, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[nn.Module, torch.Tensor] | None = None, kv_cached: bool = False) -> torch.Tensor:
         """``rope`` = (rotary_emb, positions): RoPE to apply to query/key first. It is applied
-        here so that a backend can do it in the kernel that writes the cache."""
+        here so that a backend can do it in the kernel that writes the cache. ``kv_cached``: the
+        projection already rotated query/key and wrote key/value to ``kv_cache``
+        (decode_gemv.rope_cache_linear); only the attention itself is left."""
+        if kv_cached:
+            return self.impl.forward(query, key, value, kv_cache, attn_metadata)
         slot_mapping = attn_metadata.slot_mapping
         if rope is not None:
             rotary_emb, positions = rope

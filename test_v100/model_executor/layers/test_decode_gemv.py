@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from vllm_volta.model_executor.layers.activation import SiluAndMul
 from vllm_volta.model_executor.layers.decode_gemv import (add_linear_, gemv_applies, gemv_enabled, linear,
-                                                          silu_and_mul_linear)
+                                                          rope_cache_linear, silu_and_mul_linear)
+from vllm_volta.model_executor.layers.rotary_embedding import get_rope
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import RowParallelLinear
 
@@ -33,6 +34,9 @@ def test_cpu_inputs_take_f_linear():
     norm.weight.data.uniform_(0.5, 1.5)
     assert torch.equal(linear(x, w, b, True, norm), F.linear(norm(x), w, b))
     assert torch.equal(silu_and_mul_linear(x, w, b, True, act, norm), act(F.linear(norm(x), w, b)))
+    rope, cache = get_rope(8, 8, 64, 10000.0), torch.zeros(2, 2, 16, 1, 8)
+    positions, slots = torch.tensor([3, 4]), torch.tensor([0, 1])
+    assert rope_cache_linear(x, torch.randn(24, 16), None, True, norm, rope, positions, cache, slots) is None
     residual = torch.randn(2, 8)
     before = residual.clone()
     assert add_linear_(residual, x, w, b, use_gemv=True) is False
@@ -128,6 +132,25 @@ def test_a_norm_weight_gemv_cannot_take_runs_the_norm_op(device, monkeypatch):
     out = linear(x, w, None, True, norm)
     assert gemv_calls == []
     torch.testing.assert_close(out, F.linear(norm(x), w), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_rope_cache_linear_declines_what_its_kernel_cannot_do(device):
+    x = torch.randn(1, 64, dtype=torch.float16, device=device)
+    w = (torch.randn(3 * 16, 64, device=device) / 8).half()  # one head of 16 each for q, k, v
+    cache = torch.zeros(2, 2, 16, 1, 16, dtype=torch.float16, device=device)
+    positions = torch.tensor([3], device=device)
+    slots = torch.tensor([5], device=device)
+    full = get_rope(16, 16, 64, 10000.0).to(device)
+    out = rope_cache_linear(x, w, None, True, None, full, positions, cache, slots)
+    q, k = full(positions, *F.linear(x, w).split([16, 16, 16], dim=1)[:2])
+    torch.testing.assert_close(out[:, :16], q, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(cache[0].view(-1, 16)[5], k[0], atol=2e-3, rtol=2e-3)
+    partial = get_rope(16, 8, 64, 10000.0).to(device)  # rotary_dim < head_size
+    assert rope_cache_linear(x, w, None, True, None, partial, positions, cache, slots) is None
+    assert rope_cache_linear(x, w, None, False, None, full, positions, cache, slots) is None  # gemv off
+    assert rope_cache_linear(x, w, None, True, None, full, positions.int(), cache, slots) is None  # int32
+    assert rope_cache_linear(x, w, None, True, None, full, positions, cache.float(), slots) is None
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])

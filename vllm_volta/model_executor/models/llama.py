@@ -17,7 +17,7 @@ from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger, warning_once
 from vllm_volta.model_executor.layers.activation import SiluAndMul, get_act_and_mul_fn
-from vllm_volta.model_executor.layers.decode_gemv import silu_and_mul_linear
+from vllm_volta.model_executor.layers.decode_gemv import rope_cache_linear, silu_and_mul_linear
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
@@ -82,7 +82,14 @@ class LlamaAttention(nn.Module):
                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
                norm: RMSNorm | None = None) -> torch.Tensor:
         """The attention output, before o_proj (of norm(hidden_states) with `norm`)."""
-        qkv = self.qkv_proj(hidden_states, norm)
+        proj = self.qkv_proj
+        if not self.qk_norm:  # decode sizes: projection, RoPE and cache write in one kernel
+            qkv = rope_cache_linear(hidden_states, proj.weight, proj.bias, proj.use_gemv, norm, self.rotary_emb,
+                                    positions, kv_cache, attn_metadata.slot_mapping)
+            if qkv is not None:
+                q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+                return self.attn(q, k, v, kv_cache, attn_metadata, kv_cached=True)
+        qkv = proj(hidden_states, norm)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # RMSNorm over each head's vector, before RoPE (Qwen3)
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
