@@ -260,6 +260,11 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
 
 // Combines the partitions of each (sequence, head): grid (num_heads, num_seqs). Each
 // partition's output is rescaled by exp(its max - global max) and the sum renormalized.
+// The partitions are read kReduceChunk at a time with all their loads issued together (a
+// loop of dependent one-at-a-time loads made this kernel latency-bound at short contexts);
+// the sums run in partition order as before, so the result is the same bits.
+constexpr int kReduceChunk = 8;
+
 template <typename T>
 __global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* __restrict__ part_out,
                                               const float* __restrict__ part_max,
@@ -276,14 +281,34 @@ __global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* 
     const float* maxes = part_max + row * num_partitions;
     const float* sums = part_sum + row * num_partitions;
     float m = kNegLargest;
-    for (int i = 0; i < used; ++i) m = fmaxf(m, maxes[i]);  // few partitions: every thread
-    float total = 0.f;
-    for (int i = 0; i < used; ++i) total += sums[i] * __expf(maxes[i] - m);
-    const float inv_total = total > 0.f ? 1.f / total : 0.f;  // empty context -> zeros
+    for (int base = 0; base < used; base += kReduceChunk) {  // few partitions: every thread
+      float mv[kReduceChunk];
+#pragma unroll
+      for (int j = 0; j < kReduceChunk; ++j) mv[j] = base + j < used ? maxes[base + j] : kNegLargest;
+#pragma unroll
+      for (int j = 0; j < kReduceChunk; ++j) m = fmaxf(m, mv[j]);
+    }
     const float* src = part_out + row * num_partitions * head_size;
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
-      float o = 0.f;
-      for (int i = 0; i < used; ++i) o += src[static_cast<int64_t>(i) * head_size + d] * __expf(maxes[i] - m);
+      float o = 0.f, total = 0.f;
+      for (int base = 0; base < used; base += kReduceChunk) {
+        float mv[kReduceChunk], sv[kReduceChunk], ov[kReduceChunk];
+#pragma unroll
+        for (int j = 0; j < kReduceChunk; ++j) {
+          const int i = base + j;
+          const bool live = i < used;  // past it: weight 1, sum and output 0 (adds nothing)
+          mv[j] = live ? maxes[i] : m;
+          sv[j] = live ? sums[i] : 0.f;
+          ov[j] = live ? src[static_cast<int64_t>(i) * head_size + d] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kReduceChunk; ++j) {
+          const float w = __expf(mv[j] - m);
+          total += sv[j] * w;
+          o += ov[j] * w;
+        }
+      }
+      const float inv_total = total > 0.f ? 1.f / total : 0.f;  // empty context -> zeros
       out[row * head_size + d] = Convert<T>::from_float(o * inv_total);
     }
   }
