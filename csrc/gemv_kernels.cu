@@ -1,5 +1,5 @@
-// Host launchers of gemv, gemv_silu_and_mul, gemv_add and gemv_rope_cache (device code: kernels/gemv.cuh). No
-// host sync; CUDA-graph capturable.
+// Host launchers of gemv, gemv_silu_and_mul, gemv_add and gemv_rope_cache (device code:
+// kernels/gemv.cuh). No host sync; CUDA-graph capturable.
 #include "cuda_launch.h"
 #include "gemv_checks.h"
 #include "kernels/gemv.cuh"

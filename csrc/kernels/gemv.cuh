@@ -77,9 +77,8 @@ __device__ __forceinline__ int rope_row(int p, bool second, const GemvRope& rope
 }
 
 // M input rows, R weight rows per block, U vectors per thread per step in flight per row;
-// n output features (kSiluAndMul: the weight has 2n rows).
-// NORM: norm_weight [k] and eps define the prologue. n: output features (kSiluAndMul: the
-// weight has 2n rows; kRopeCache: n rotation pairs, the weight and out have 2n rows).
+// n output features (kSiluAndMul: the weight has 2n rows; kRopeCache: n rotation pairs, the
+// weight and out have 2n rows). NORM: norm_weight [k] and eps define the prologue.
 template <int M, int R, int U, GemvEpilogue E, bool NORM>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(__half* __restrict__ out, int64_t out_stride, const __half* __restrict__ input, int64_t in_stride,
