@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vllm_volta import _custom_ops as ops
 from vllm_volta.sample.filters import apply_min_p, apply_top_k_top_p
 from vllm_volta.sample.logprobs import LogprobsTensors, gather_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata
@@ -43,23 +44,18 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     """argmax of each row: the ``greedy_sample`` kernel for CUDA logits (one pass spread over
     many blocks: ATen's argmax reduces a 128k-entry row in one block, ~36 us on an H200),
     else ``torch.argmax``. Both take the lowest index among equal maxima."""
-    from vllm_volta._custom_ops import greedy_sample as kernel, has_cuda_kernel
-
-    if not (logits.is_cuda and has_cuda_kernel("greedy_sample")):
+    if not (logits.is_cuda and ops.has_cuda_kernel("greedy_sample")):
         return logits.argmax(dim=1)
     sampled = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    kernel(sampled, logits)
+    ops.greedy_sample(sampled, logits)
     return sampled
 
 
 def fused_sampling_applies(logits: torch.Tensor, metadata: SamplingMetadata) -> bool:
     """Whether the random rows can use ``gumbel_sample``: CUDA logits and no top-k, top-p or
     min-p (those filters need the sorted or normalized probabilities)."""
-    if not (logits.is_cuda and metadata.no_top_k and metadata.no_top_p and metadata.no_min_p):
-        return False
-    from vllm_volta._custom_ops import has_cuda_kernel
-
-    return has_cuda_kernel("gumbel_sample")
+    return (logits.is_cuda and metadata.no_top_k and metadata.no_top_p and metadata.no_min_p
+            and ops.has_cuda_kernel("gumbel_sample"))
 
 
 def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
@@ -68,8 +64,6 @@ def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
     raw logits: no float32 copy, softmax or noise tensor. Each row's noise comes from a
     64-bit seed drawn from its own generator (seeded rows) or the default one, so seeded
     rows stay independent of the batch around them."""
-    from vllm_volta import _custom_ops as ops
-
     rows = logits.shape[0]
     seeds = torch.empty(rows, dtype=torch.int64, device=logits.device).random_()
     for row, generator in generators.items():

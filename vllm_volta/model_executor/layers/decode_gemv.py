@@ -59,9 +59,13 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.is_contiguous() and weight.data_ptr() % 16 == 0)
 
 
-def _norm_args(norm: RMSNorm | None, x: torch.Tensor) -> dict[str, Any] | None:
-    """gemv's norm_weight / epsilon arguments for `norm` as the prologue ({} for none), or None
-    when its weight does not fit gemv (then the norm runs as its own op)."""
+def _gemv_args(x: torch.Tensor, weight: torch.Tensor, use_gemv: bool, norm: RMSNorm | None
+               ) -> dict[str, Any] | None:
+    """gemv's extra arguments (`norm` as its prologue: norm_weight, epsilon) when gemv runs this
+    product, else None: gemv is off or does not fit, or the norm's weight does not fit it (then
+    the norm runs as its own op)."""
+    if not (use_gemv and gemv_applies(x, weight)):
+        return None
     if norm is None:
         return {}
     w = norm.weight
@@ -69,14 +73,6 @@ def _norm_args(norm: RMSNorm | None, x: torch.Tensor) -> dict[str, Any] | None:
             and w.data_ptr() % 16 == 0):
         return None
     return {"norm_weight": w, "epsilon": norm.variance_epsilon}
-
-
-def _gemv_args(x: torch.Tensor, weight: torch.Tensor, use_gemv: bool, norm: RMSNorm | None
-               ) -> dict[str, Any] | None:
-    """The extra gemv arguments when gemv runs this product (``norm`` as its prologue), else None."""
-    if not (use_gemv and gemv_applies(x, weight)):
-        return None
-    return _norm_args(norm, x)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool,
