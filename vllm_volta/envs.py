@@ -108,6 +108,14 @@ def _parse_switch(name: str, default: bool) -> Callable[[str | None], bool]:
     return parse
 
 
+def _parse_graph_capture(value: str | None) -> str:
+    if value is None:
+        return "driver"
+    if value.lower() not in ("driver", "torch"):
+        raise ValueError(f"VLLM_VOLTA_CUDA_GRAPH_CAPTURE={value!r} is not a capture path; expected driver or torch")
+    return value.lower()
+
+
 def _parse_backend_name(value: str | None) -> str | None:
     # Names are validated against the registry by the selector, which knows the full list.
     return None if value is None else value.upper()
@@ -157,6 +165,13 @@ ENV_VARS: dict[str, EnvVar] = {
             "vllm_volta's gemv kernel (on by default); 0 gives every size to cuBLAS. Read when a "
             "model is built.",
             _parse_switch("VLLM_VOLTA_DECODE_GEMV", True),
+        ),
+        EnvVar(
+            "VLLM_VOLTA_CUDA_GRAPH_CAPTURE",
+            "How decode CUDA graphs are captured: driver (default; the CUDA driver API, see "
+            "vllm_volta/worker/driver_graph.py) or torch (torch.cuda.CUDAGraph, also the fallback "
+            "where the driver path is not available).",
+            _parse_graph_capture,
         ),
     )
 }

@@ -11,6 +11,7 @@ from vllm_volta.core.request import Request
 from vllm_volta.core.scheduler import ScheduledRequest
 from vllm_volta.sampling_params import SamplingParams
 from vllm_volta.worker.cuda_graph import CudaGraphRunner, default_capture_sizes
+from vllm_volta.worker.driver_graph import DriverGraph
 from vllm_volta.worker.inputs import prepare_inputs
 
 gpu = pytest.mark.gpu
@@ -93,7 +94,9 @@ def decode_batch(num_seqs: int, block_size: int, gen: torch.Generator):
 
 @gpu
 @needs_cuda
-def test_graph_replay_equals_eager_with_padding():
+@pytest.mark.parametrize("capture_path", ["driver", "torch"])
+def test_graph_replay_equals_eager_with_padding(clean_env, capture_path):
+    clean_env.setenv("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", capture_path)
     device = torch.device("cuda")
     block_size, max_model_len = 8, 64
     torch.manual_seed(0)
@@ -102,6 +105,8 @@ def test_graph_replay_equals_eager_with_padding():
     graphs = CudaGraphRunner.capture(stub_runner(model, caches, device, block_size, max_model_len),
                                      max_num_seqs=40)
     assert graphs.sizes == [1, 2, 4, 8, 16, 24, 32, 40]
+    graph_type = DriverGraph if capture_path == "driver" else torch.cuda.CUDAGraph
+    assert all(type(g) is graph_type for g in graphs.graphs.values())
     gen = torch.Generator().manual_seed(1)
     for num_seqs in (1, 3, 8, 17, 40):
         inp = prepare_inputs(decode_batch(num_seqs, block_size, gen), block_size, device)

@@ -6,7 +6,10 @@ in a list (1, 2, 4, 8, 16, 24, ..., 248, 256, 272, ... up to max_num_seqs); a st
 sequences replays the smallest graph >= B with the extra rows padded (no KV writes:
 slot -1, context of 1 token in the reserved null block 0).
 
-All graphs read from one set of static input buffers and share one memory pool. The
+All graphs read from one set of static input buffers and share one memory pool. They are
+captured through the CUDA driver API (worker/driver_graph.py: torch.cuda.CUDAGraph slows
+every replay once a process has captured four graphs with it), or with torch.cuda.CUDAGraph
+where that path is unavailable or VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch. The
 attention backend must be capturable (class attribute `supports_cuda_graphs`): no host
 synchronisation, no shape that depends on tensor values. The metadata int baked into the
 graphs, max_seq_len, is min(max_model_len, max_seq_len_to_capture) (kernels size their
@@ -19,8 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_volta import envs
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger
+from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
 
 if TYPE_CHECKING:
     from vllm_volta.worker.inputs import ModelInput
@@ -63,7 +68,7 @@ class CudaGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | DriverGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.num_replays = 0  # observable: tests and stats check graphs are really used
@@ -94,23 +99,31 @@ class CudaGraphRunner:
     def _capture_all(self) -> None:
         model, kv_caches = self.runner.model, self.runner.kv_caches
         before = torch.cuda.mem_get_info(self.runner.device)[0]
+        use_driver = envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "driver" and driver_graphs_available()
+        if use_driver:
+            self.pool = torch.cuda.MemPool()  # held as long as the graphs
         # Largest first: later (smaller) graphs reuse the pool's memory.
         for size in reversed(self.sizes):
             md = self._metadata(size)
             args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
             model(*args)  # warm-up outside the graph (lazy inits, autotuning)
             torch.cuda.synchronize(self.runner.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = model(*args)
-            if self.pool is None:
-                self.pool = graph.pool()
+            if use_driver:
+                graph = DriverGraph()
+                with graph.capture(self.pool):
+                    out = model(*args)
+            else:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    out = model(*args)
+                if self.pool is None:
+                    self.pool = graph.pool()
             self.graphs[size] = graph
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)
         used = before - torch.cuda.mem_get_info(self.runner.device)[0]
-        logger.info("Captured CUDA graphs for decode batch sizes %s (%.0f MiB)", self.sizes,
-                    used / 2**20)
+        logger.info("Captured CUDA graphs (%s) for decode batch sizes %s (%.0f MiB)",
+                    "driver API" if use_driver else "torch.cuda.CUDAGraph", self.sizes, used / 2**20)
 
     def can_run(self, inp: ModelInput) -> bool:
         md = inp.attn_metadata

@@ -1,0 +1,77 @@
+"""DriverGraph: graphs captured with the CUDA driver API replay like eager execution."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_volta.worker import driver_graph
+from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
+
+needs_driver_graphs = pytest.mark.skipif(not driver_graphs_available(),
+                                         reason="needs a CUDA GPU, libcuda and torch.cuda.MemPool")
+
+
+def test_unavailable_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not driver_graphs_available()
+
+
+def test_unavailable_without_libcuda(monkeypatch):
+    monkeypatch.setattr(driver_graph, "_libcuda", lambda: None)
+    assert not driver_graphs_available()
+
+
+def work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # Intermediates are allocated (and freed) during the capture: they live in the pool.
+    h = torch.relu(x @ w) * 2.0 + 1.0
+    return (h @ w.t()).tanh() + x
+
+
+@pytest.mark.gpu
+@needs_driver_graphs
+def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    w = torch.randn(64, 64, device=dev) / 8
+    pool = torch.cuda.MemPool()
+    inputs = {rows: torch.randn(rows, 64, device=dev) for rows in (1, 8, 32)}
+    graphs, outputs = {}, {}
+    for rows, x in inputs.items():
+        work(x, w)  # warm-up
+        torch.cuda.synchronize()
+        graphs[rows] = DriverGraph()
+        with graphs[rows].capture(pool):
+            outputs[rows] = work(x, w)
+    # Memory churn outside the pool must not reuse the graphs' blocks.
+    junk = [torch.full((1 << 20,), 7.0, device=dev) for _ in range(8)]
+    del junk
+    torch.cuda.empty_cache()
+    for step in range(3):
+        for rows, x in inputs.items():
+            x.copy_(torch.randn(rows, 64, device=dev))
+            graphs[rows].replay()
+            torch.testing.assert_close(outputs[rows], work(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@needs_driver_graphs
+def test_a_failed_capture_raises_and_leaves_the_stream_usable():
+    dev = torch.device("cuda")
+    pool = torch.cuda.MemPool()
+    x = torch.ones(16, device=dev)
+    graph = DriverGraph()
+    with pytest.raises(ValueError, match="inside the capture"):
+        with graph.capture(pool):
+            x.add_(1)
+            raise ValueError("inside the capture")
+    with pytest.raises(RuntimeError, match="before a graph was captured"):
+        graph.replay()
+    with graph.capture(pool):  # the same object captures fine afterwards
+        x.mul_(3)
+    with pytest.raises(RuntimeError, match="already holds"):
+        with graph.capture(pool):
+            pass
+    x.fill_(1)
+    graph.replay()
+    graph.replay()
+    assert torch.equal(x, torch.full_like(x, 9.0))  # the failed capture's add never ran
