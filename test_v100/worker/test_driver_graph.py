@@ -42,6 +42,14 @@ def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
         graphs[rows] = DriverGraph()
         with graphs[rows].capture(pool):
             outputs[rows] = work(x, w)
+    # Captured largest last here, so the pool holds every graph's intermediates; a second
+    # capture of the 32-row work reuses the blocks the first one freed (one capture stream).
+    before = torch.cuda.memory_allocated()
+    reserved = torch.cuda.memory_reserved()
+    again = DriverGraph()
+    with again.capture(pool):
+        work(inputs[32], w)
+    assert torch.cuda.memory_reserved() == reserved and torch.cuda.memory_allocated() == before
     # Memory churn outside the pool must not reuse the graphs' blocks.
     junk = [torch.full((1 << 20,), 7.0, device=dev) for _ in range(8)]
     del junk

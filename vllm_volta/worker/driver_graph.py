@@ -11,8 +11,10 @@ per batch size (up to 83) of ~200 kernels each, so this is the default capture p
 
 Memory the captured work allocates comes from a ``torch.cuda.MemPool`` (what torch's graphs
 do with their private pool): the caller keeps the pool alive as long as the graphs, which
-read and write its blocks at every replay. A capture uses relaxed mode, so that the caching
-allocator may grow the pool (``cudaMalloc``) during the first capture.
+read and write its blocks at every replay. Every capture runs on one side stream per device,
+as torch's do: the caching allocator reuses a freed block only on the stream it was allocated
+on, so graphs sharing a pool (captured largest first) reuse each other's memory. A capture
+uses relaxed mode, so that the caching allocator may grow the pool (``cudaMalloc``) during it.
 """
 from __future__ import annotations
 
@@ -57,6 +59,11 @@ def driver_graphs_available() -> bool:
             and hasattr(torch.cuda, "use_mem_pool") and _libcuda() is not None)
 
 
+@functools.cache
+def _capture_stream(device: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
 def _check(result: int, call: str) -> None:
     if result != 0:
         name = ctypes.c_char_p()
@@ -77,7 +84,7 @@ class DriverGraph:
         if self._exec is not None:
             raise RuntimeError("this DriverGraph already holds a captured graph")
         lib = _libcuda()
-        stream = torch.cuda.Stream()
+        stream = _capture_stream(torch.cuda.current_device())
         stream.wait_stream(torch.cuda.current_stream())
         handle = ctypes.c_void_p(stream.cuda_stream)
         graph = ctypes.c_void_p()
