@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import weakref
 from typing import Iterator
 
 import torch
@@ -103,6 +104,7 @@ class DriverGraph:
         finally:
             lib.cuGraphDestroy(graph)
         self._exec = graph_exec
+        weakref.finalize(self, lib.cuGraphExecDestroy, graph_exec)  # also runs at exit, before teardown
         torch.cuda.current_stream().wait_stream(stream)
 
     def replay(self) -> None:
@@ -110,9 +112,3 @@ class DriverGraph:
             raise RuntimeError("replay() before a graph was captured")
         _check(_libcuda().cuGraphLaunch(self._exec, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
                "cuGraphLaunch")
-
-    def __del__(self) -> None:
-        lib = _libcuda() if self._exec is not None else None
-        if lib is not None:
-            lib.cuGraphExecDestroy(self._exec)
-            self._exec = None
