@@ -191,14 +191,16 @@ def weight_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> dict[str, floa
 
 
 def device_info() -> dict[str, Any]:
-    """What ran the benchmark: device, torch, and the knobs that select Volta mode."""
+    """What ran the benchmark: device, torch, and the knobs that select Volta mode and the
+    kernel / graph paths."""
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():
         info["device"] = torch.cuda.get_device_name()
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
     else:
         info["device"] = "cpu"
-    for var in ("VLLM_VOLTA_DEVICE_CAPABILITY", "TORCH_CUDA_ARCH_LIST"):
+    for var in ("VLLM_VOLTA_DEVICE_CAPABILITY", "TORCH_CUDA_ARCH_LIST", "VLLM_VOLTA_CUDA_GRAPH_CAPTURE",
+                "VLLM_VOLTA_DECODE_GEMV"):
         info[var] = os.environ.get(var)
     try:  # how the ops extension was built: Volta mode needs the adapter build
         import vllm_volta._C as ext

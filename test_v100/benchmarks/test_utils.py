@@ -129,3 +129,14 @@ def test_engine_kwargs_and_server_flags():
     assert real.load_format == "auto" and "skip_tokenizer_init" not in engine_kwargs(real)
     with pytest.raises(ValueError, match="--num-prompts must be >= 1"):
         parse_args(["--config", "tiny-llama", "--num-prompts", "0"])
+
+
+def test_device_info_names_the_mode_and_path_switches(monkeypatch):
+    monkeypatch.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0")
+    monkeypatch.setenv("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "torch")
+    monkeypatch.delenv("VLLM_VOLTA_DECODE_GEMV", raising=False)
+    info = utils.device_info()
+    assert info["VLLM_VOLTA_DEVICE_CAPABILITY"] == "7.0"
+    assert info["VLLM_VOLTA_CUDA_GRAPH_CAPTURE"] == "torch"
+    assert info["VLLM_VOLTA_DECODE_GEMV"] is None
+    assert info["torch"] == torch.__version__ and "extension" in info
