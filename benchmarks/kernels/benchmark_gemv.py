@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.kernels.kernel_timing import num_arg_sets  # noqa: E402
+from benchmarks.kernels.kernel_timing import graph_replay_seconds, num_arg_sets  # noqa: E402
 from benchmarks.utils import (device_info, log, measure_copy_bandwidth, require_cuda, resolve_model,  # noqa: E402
                               run_and_emit)
 
@@ -52,25 +52,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def time_graphed(calls: Sequence[Callable[[], Any]], device: torch.device, replays: int = 5) -> float:
-    """Seconds per call: every call captured once in one CUDA graph, the graph replayed."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (replays * len(calls))
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = require_cuda("benchmark_gemv.py")
     from vllm_volta import _custom_ops as ops
@@ -90,7 +71,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for rows in ROWS_PER_BLOCK:
                 impls[f"gemv_r{rows}"] = [lambda w=w, rows=rows: ops.gemv(out, x, w, None, rows) for w in weights]
             for impl, calls in impls.items():
-                seconds = time_graphed(calls, device)
+                seconds = graph_replay_seconds(lambda: [call() for call in calls], device, replays=5) / len(calls)
                 frac = nbytes / seconds / copy_bw
                 results.append({"proj": name, "n": n, "k": k, "m": m, "impl": impl, "us": seconds * 1e6,
                                 "fraction_of_copy_bandwidth": frac})

@@ -46,6 +46,36 @@ def time_per_call(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], dev
     return (time.perf_counter() - begin) / iters
 
 
+def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
+    """GPU seconds per replay of one CUDA graph holding work()'s launches (work() runs once
+    first, outside the capture, for lazy initialisation). The graph is captured through the CUDA
+    driver API where vllm_volta's engine would (vllm_volta/worker/driver_graph.py): from a
+    process's fourth torch.cuda.CUDAGraph capture on, every kernel node replays ~0.45 us slower on
+    the H200, which a benchmark capturing one graph per configuration would add to microsecond
+    kernels."""
+    from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
+
+    work()
+    torch.cuda.synchronize(device)
+    pool = None
+    if driver_graphs_available():
+        graph, pool = DriverGraph(), torch.cuda.MemPool()
+        with graph.capture(pool):
+            work()
+    else:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            work()
+    graph.replay()  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / replays
+
+
 def time_per_call_graphed(fn: Callable[[], Any], device: torch.device, *, iters: int = 50) -> float:
     """Seconds per call of fn() on the GPU alone: `iters` calls captured in one CUDA graph and
     replayed, so host launch overhead (which dominates microsecond kernels) is not counted.
@@ -54,18 +84,9 @@ def time_per_call_graphed(fn: Callable[[], Any], device: torch.device, *, iters:
         raise ValueError(f"iters must be >= 1, got {iters}")
     if device.type != "cuda":
         return time_per_call(fn, [()], device, iters=iters)
-    fn()  # lazy initialisation outside the capture
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls() -> None:
         for _ in range(iters):
             fn()
-    graph.replay()  # warm-up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    replays = 3
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (replays * iters)
+
+    return graph_replay_seconds(calls, device) / iters
