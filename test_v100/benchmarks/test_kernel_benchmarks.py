@@ -46,3 +46,25 @@ def test_gemv_benchmark_shapes_come_from_the_config():
     assert layer_shapes(qwen3)["qkv"] == (4096, 1024) and layer_shapes(qwen3)["o"] == (1024, 2048)
     with pytest.raises(ValueError, match="--batch-sizes must be in 1..4"):
         parse_args(["--batch-sizes", "1", "8"])
+
+
+def test_graph_capture_benchmark_arguments_and_cuda_requirement(monkeypatch):
+    from benchmarks.kernels import benchmark_graph_capture as bench
+
+    args = bench.parse_args(["--num-graphs", "4", "--layers", "2", "--path", "driver"])
+    assert (args.num_graphs, args.layers, args.hidden, args.path) == (4, 2, 4096, "driver")
+    with pytest.raises(ValueError, match="--num-graphs must be >= 1"):
+        bench.parse_args(["--num-graphs", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--path", "cupy"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bench.run(args)
+
+
+def test_graph_capture_benchmark_work_runs_on_cpu():
+    from benchmarks.kernels.benchmark_graph_capture import make_work
+
+    out = make_work(3, 16, torch.device("cpu"))()
+    assert out.shape == (1, 16) and out.dtype == torch.half
+    assert bool((out >= 0).all() and (out <= 2).all())  # abs, then clamp(max=2)
