@@ -27,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks.kernels.kernel_timing import capture_graph  # noqa: E402
 from benchmarks.utils import device_info, log, ratio, require_cuda, run_and_emit  # noqa: E402
 
 PATHS = ("torch", "driver")
@@ -64,22 +65,6 @@ def make_work(layers: int, hidden: int, device: torch.device) -> Callable[[], to
     return work
 
 
-def capture(work: Callable[[], Any], path: str, pool: Any) -> Any:
-    from vllm_volta.worker.driver_graph import DriverGraph
-
-    work()  # lazy initialisation outside the capture
-    torch.cuda.synchronize()
-    if path == "driver":
-        graph = DriverGraph()
-        with graph.capture(pool):
-            work()
-    else:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            work()
-    return graph
-
-
 def replay_ms(graph: Any, replays: int) -> float:
     times = []
     for i in range(replays + 5):
@@ -101,9 +86,9 @@ def run_path(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError("the driver capture path needs libcuda and torch.cuda.MemPool")
     pool = torch.cuda.MemPool() if args.path == "driver" else None
     work = make_work(args.layers, args.hidden, device)
-    first = capture(work, args.path, pool)
+    first = capture_graph(work, device, pool)
     alone = replay_ms(first, args.replays)
-    others = [capture(work, args.path, pool) for _ in range(args.num_graphs - 1)]
+    others = [capture_graph(work, device, pool) for _ in range(args.num_graphs - 1)]
     after = replay_ms(first, args.replays)
     log(f"{args.path}: {alone:.3f} ms per replay alone, {after:.3f} ms with {len(others) + 1} graphs")
     return {"path": args.path, "num_graphs": args.num_graphs, "layers": args.layers,

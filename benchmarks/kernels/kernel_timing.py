@@ -46,26 +46,34 @@ def time_per_call(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], dev
     return (time.perf_counter() - begin) / iters
 
 
-def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
-    """GPU seconds per replay of one CUDA graph holding work()'s launches (work() runs once
-    first, outside the capture, for lazy initialisation). The graph is captured through the CUDA
-    driver API where vllm_volta's engine would (vllm_volta/worker/driver_graph.py): from a
-    process's fourth torch.cuda.CUDAGraph capture on, every kernel node replays ~0.45 us slower on
-    the H200, which a benchmark capturing one graph per configuration would add to microsecond
-    kernels."""
-    from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
+def capture_graph(work: Callable[[], Any], device: torch.device, pool: Any = None) -> Any:
+    """One CUDA graph of work()'s launches (work() runs once first, outside the capture, for lazy
+    initialisation): captured through the CUDA driver API into ``pool`` (a torch.cuda.MemPool)
+    when one is given (vllm_volta/worker/driver_graph.py), else with torch.cuda.CUDAGraph."""
+    from vllm_volta.worker.driver_graph import DriverGraph
 
     work()
     torch.cuda.synchronize(device)
-    pool = None
-    if driver_graphs_available():
-        graph, pool = DriverGraph(), torch.cuda.MemPool()
+    if pool is not None:
+        graph = DriverGraph()
         with graph.capture(pool):
             work()
     else:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             work()
+    return graph
+
+
+def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
+    """GPU seconds per replay of one CUDA graph holding work()'s launches. The graph is captured
+    through the CUDA driver API where vllm_volta's engine would: from a process's fourth
+    torch.cuda.CUDAGraph capture on, every kernel node replays ~0.45 us slower on the H200, which
+    a benchmark capturing one graph per configuration would add to microsecond kernels."""
+    from vllm_volta.worker.driver_graph import driver_graphs_available
+
+    pool = torch.cuda.MemPool() if driver_graphs_available() else None
+    graph = capture_graph(work, device, pool)
     graph.replay()  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
