@@ -6,6 +6,20 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def torch_numerics_unchanged():
+    """A test that leaves torch's default dtype or float32 matmul precision changed fails, and
+    they are put back: otherwise a later test silently computes in that dtype or precision."""
+    dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    yield
+    now = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    torch.set_default_dtype(dtype)
+    torch.set_float32_matmul_precision(precision)
+    assert now == (dtype, precision), (
+        f"the test left torch's default dtype / float32 matmul precision at {now}, not {(dtype, precision)}")
 
 
 @pytest.fixture
