@@ -83,3 +83,19 @@ def test_a_failed_capture_raises_and_leaves_the_stream_usable():
     graph.replay()
     graph.replay()
     assert torch.equal(x, torch.full_like(x, 9.0))  # the failed capture's add never ran
+
+
+def test_a_driver_error_names_the_call_the_error_and_the_ways_around_it(monkeypatch):
+    class FakeLib:
+        @staticmethod
+        def cuGetErrorName(result, name_ptr):
+            name_ptr._obj.value = b"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+            return 0
+
+    monkeypatch.setattr(driver_graph, "_libcuda", lambda: FakeLib())
+    driver_graph._check(0, "cuGraphLaunch")  # success: nothing raised
+    with pytest.raises(RuntimeError) as info:
+        driver_graph._check(900, "cuStreamBeginCapture")
+    message = str(info.value)
+    assert "cuStreamBeginCapture failed: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (CUresult 900)" in message
+    assert "VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch" in message and "enforce_eager=True" in message

@@ -69,7 +69,9 @@ def _check(result: int, call: str) -> None:
     if result != 0:
         name = ctypes.c_char_p()
         _libcuda().cuGetErrorName(result, ctypes.byref(name))
-        raise RuntimeError(f"{call} failed: {(name.value or b'?').decode()} (CUresult {result})")
+        raise RuntimeError(f"{call} failed: {(name.value or b'?').decode()} (CUresult {result}); "
+                           "VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch captures with torch.cuda.CUDAGraph "
+                           "instead, enforce_eager=True runs without CUDA graphs")
 
 
 class DriverGraph:
