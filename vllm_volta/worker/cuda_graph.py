@@ -99,7 +99,12 @@ class CudaGraphRunner:
     def _capture_all(self) -> None:
         model, kv_caches = self.runner.model, self.runner.kv_caches
         before = torch.cuda.mem_get_info(self.runner.device)[0]
-        use_driver = envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "driver" and driver_graphs_available()
+        if envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "torch":
+            use_driver, how = False, "torch.cuda.CUDAGraph, as VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch asks"
+        elif driver_graphs_available():
+            use_driver, how = True, "CUDA driver API"
+        else:
+            use_driver, how = False, "torch.cuda.CUDAGraph: no libcuda or torch.cuda.MemPool for the driver API"
         if use_driver:
             self.pool = torch.cuda.MemPool()  # held as long as the graphs
         # Largest first: later (smaller) graphs reuse the pool's memory.
@@ -122,8 +127,8 @@ class CudaGraphRunner:
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)
         used = before - torch.cuda.mem_get_info(self.runner.device)[0]
-        logger.info("Captured CUDA graphs (%s) for decode batch sizes %s (%.0f MiB)",
-                    "driver API" if use_driver else "torch.cuda.CUDAGraph", self.sizes, used / 2**20)
+        logger.info("Captured CUDA graphs (%s) for decode batch sizes %s (%.0f MiB)", how, self.sizes,
+                    used / 2**20)
 
     def can_run(self, inp: ModelInput) -> bool:
         md = inp.attn_metadata
