@@ -67,12 +67,12 @@ def capture_graph(work: Callable[[], Any], device: torch.device, pool: Any = Non
 
 def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
     """GPU seconds per replay of one CUDA graph holding work()'s launches. The graph is captured
-    through the CUDA driver API where vllm_volta's engine would: from a process's fourth
+    the way vllm_volta's engine would (driver_graph.choose_capture_path): from a process's fourth
     torch.cuda.CUDAGraph capture on, every kernel node replays ~0.45 us slower on the H200, which
     a benchmark capturing one graph per configuration would add to microsecond kernels."""
-    from vllm_volta.worker.driver_graph import driver_graphs_available
+    from vllm_volta.worker.driver_graph import choose_capture_path
 
-    pool = torch.cuda.MemPool() if driver_graphs_available() else None
+    pool = torch.cuda.MemPool() if choose_capture_path()[0] else None
     graph = capture_graph(work, device, pool)
     graph.replay()  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

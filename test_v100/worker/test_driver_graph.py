@@ -21,6 +21,18 @@ def test_unavailable_without_libcuda(monkeypatch):
     assert not driver_graphs_available()
 
 
+def test_capture_path_follows_the_variable_then_availability(clean_env, monkeypatch):
+    monkeypatch.setattr(driver_graph, "driver_graphs_available", lambda: True)
+    assert driver_graph.choose_capture_path() == (True, "CUDA driver API")
+    clean_env.setenv("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "torch")
+    use_driver, why = driver_graph.choose_capture_path()
+    assert not use_driver and "VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch" in why
+    clean_env.setenv("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "driver")
+    monkeypatch.setattr(driver_graph, "driver_graphs_available", lambda: False)
+    use_driver, why = driver_graph.choose_capture_path()
+    assert not use_driver and "no libcuda or torch.cuda.MemPool" in why
+
+
 def work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     # Intermediates are allocated (and freed) during the capture: they live in the pool.
     h = torch.relu(x @ w) * 2.0 + 1.0

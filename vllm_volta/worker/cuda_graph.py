@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_volta import envs
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger
-from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
+from vllm_volta.worker.driver_graph import DriverGraph, choose_capture_path
 
 if TYPE_CHECKING:
     from vllm_volta.worker.inputs import ModelInput
@@ -99,12 +98,7 @@ class CudaGraphRunner:
     def _capture_all(self) -> None:
         model, kv_caches = self.runner.model, self.runner.kv_caches
         before = torch.cuda.mem_get_info(self.runner.device)[0]
-        if envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "torch":
-            use_driver, how = False, "torch.cuda.CUDAGraph, as VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch asks"
-        elif driver_graphs_available():
-            use_driver, how = True, "CUDA driver API"
-        else:
-            use_driver, how = False, "torch.cuda.CUDAGraph: no libcuda or torch.cuda.MemPool for the driver API"
+        use_driver, how = choose_capture_path()
         if use_driver:
             self.pool = torch.cuda.MemPool()  # held as long as the graphs
         # Largest first: later (smaller) graphs reuse the pool's memory.

@@ -60,6 +60,18 @@ def driver_graphs_available() -> bool:
             and hasattr(torch.cuda, "use_mem_pool") and _libcuda() is not None)
 
 
+def choose_capture_path() -> tuple[bool, str]:
+    """(capture with the driver API?, why), for the engine's graphs and the kernel benchmarks':
+    VLLM_VOLTA_CUDA_GRAPH_CAPTURE first, then whether the driver path is available."""
+    from vllm_volta import envs
+
+    if envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "torch":
+        return False, "torch.cuda.CUDAGraph, as VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch asks"
+    if driver_graphs_available():
+        return True, "CUDA driver API"
+    return False, "torch.cuda.CUDAGraph: no libcuda or torch.cuda.MemPool for the driver API"
+
+
 @functools.cache
 def _capture_stream(device: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
