@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_volta.host_copy import to_device
 from vllm_volta.sampling_params import SamplingParams, SamplingType
 
 # Mixing constant for child seeds (a large odd number, so (seed, i) pairs rarely collide).
@@ -97,13 +98,13 @@ class SamplingMetadata:
         no_penalties = not any(p.has_penalties for p in params)
         needs_table = not (all_greedy and no_penalties)
         # One host->device copy for all float parameters (none on the plain greedy path).
-        table = (torch.tensor(rows.floats, dtype=torch.float32).to(device, non_blocking=True)
+        table = (to_device(rows.floats, device, torch.float32)
                  if needs_table else torch.empty(7, 0, device=device))
         temp_t, top_p_t, min_p_t, pres_t, freq_t, rep_t, greedy_t = table.unbind(0)
         max_top_k = max(rows.top_ks, default=0)
 
         def ids_tensor(id_rows: Sequence[Sequence[int]]) -> torch.Tensor:
-            return torch.tensor(_pad(id_rows, -1), dtype=torch.int64).to(device)
+            return to_device(_pad(id_rows, -1), device, torch.int64)
 
         min_t = ids_tensor([rows.min_rows, rows.min_ids]) if rows.min_rows else None
         prompt_t = output_t = None

@@ -14,6 +14,7 @@ import torch
 
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.core.scheduler import ScheduledRequest
+from vllm_volta.host_copy import to_device
 
 
 @dataclass
@@ -32,27 +33,17 @@ class ModelInput:
         return self.attn_metadata.num_actual_tokens
 
 
-def _to_device(array: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    if device.type == "cpu":
-        return tensor
-    if pin:  # a copy from pageable memory may wait for the device's queued work
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
-
-
 def _align(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
-                   device: torch.device, pin_memory: bool = False) -> ModelInput:
+                   device: torch.device) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
     Every int64 input goes to the device in one copy and every int32 one in another
-    (views of two packed buffers): each host->device copy costs host time per step.
-    `pin_memory` stages them in pinned memory, so that the copies never wait for the device
-    (async scheduling queues a step while the previous one runs).
+    (views of two packed buffers): each host->device copy costs host time per step. The
+    copies never wait for the device (host_copy.to_device).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -100,8 +91,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                        * block_size + positions % block_size)
     packed64[li_at:] = qsl[1:][sample_rows] - 1
 
-    dev64 = _to_device(packed64, device, pin_memory)
-    dev32 = _to_device(packed32, device, pin_memory)
+    dev64 = to_device(packed64, device)
+    dev32 = to_device(packed32, device)
     dev_table = dev64[:li_at].view(3, row)[:, :num_tokens]
     host32 = torch.from_numpy(packed32)
     attn_metadata = AttentionMetadata(

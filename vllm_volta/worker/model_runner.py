@@ -8,6 +8,7 @@ import torch
 
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, SchedulerOutput
+from vllm_volta.host_copy import to_device
 from vllm_volta.logger import init_logger
 from vllm_volta.sample.logprobs import compute_prompt_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata, make_generator
@@ -153,8 +154,7 @@ class ModelRunner:
         return pending
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
-        inp = prepare_inputs(scheduled, self.block_size, self.device,
-                             pin_memory=self.async_scheduling)
+        inp = prepare_inputs(scheduled, self.block_size, self.device)
         self._fill_pending_tokens(scheduled, inp)
         return inp
 
@@ -169,9 +169,7 @@ class ModelRunner:
             rows = self._prev_rows
             dst = (inp.query_start_loc[1:] - 1)[waiting]
             src = [rows[scheduled[i].request.request_id] for i in waiting]
-            index = torch.tensor(np.stack([dst, src]), dtype=torch.int64)
-            if self.device.type == "cuda":
-                index = index.pin_memory().to(self.device, non_blocking=True)
+            index = to_device(np.stack([dst, src]), self.device, torch.int64)
             inp.input_ids[index[0]] = self._prev_sampled[index[1]]
 
     def _forward(self, inp: ModelInput) -> torch.Tensor:

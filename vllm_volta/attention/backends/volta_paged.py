@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.host_copy import to_device
 from vllm_volta.logger import info_once, init_logger
 
 if TYPE_CHECKING:
@@ -120,8 +122,8 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     decodes = [i for i, n in enumerate(q_lens) if n == 1]
     prefills = [i for i, n in enumerate(q_lens) if n > 1]
 
-    def on_device(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    def on_device(values: Any, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return to_device(values, device, dtype)
 
     plan = _MixedPlan(None, None, 0, None, None, None, None, 0, 0, None)
     if decodes:
@@ -136,15 +138,15 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
             plan.prefill_tokens = on_device(tokens)
         p_q = [q_lens[i] for i in prefills]
         p_k = [seq_lens[i] for i in prefills]
-        plan.cu_seqlens_q = on_device([0] + torch.tensor(p_q).cumsum(0).tolist(), torch.int32)
+        plan.cu_seqlens_q = on_device(np.cumsum([0] + p_q), torch.int32)
         plan.max_q = max(p_q)
         plan.max_k = max(p_k)
         if p_k == p_q:  # nothing cached before these tokens: keys/values are the new ones
             plan.cu_seqlens_k = plan.cu_seqlens_q
         else:
-            plan.cu_seqlens_k = on_device([0] + torch.tensor(p_k).cumsum(0).tolist(), torch.int32)
-            seq_of = torch.repeat_interleave(torch.tensor(prefills), torch.tensor(p_k)).to(device, non_blocking=True)
-            pos = torch.cat([torch.arange(n) for n in p_k]).to(device, non_blocking=True)
+            plan.cu_seqlens_k = on_device(np.cumsum([0] + p_k), torch.int32)
+            seq_of = on_device(np.repeat(prefills, p_k))
+            pos = on_device(np.concatenate([np.arange(n) for n in p_k]))
             plan.context_slots = (md.block_table[seq_of, pos // block_size].long() * block_size
                                   + pos % block_size)
     return plan
