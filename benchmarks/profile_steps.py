@@ -35,6 +35,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
                         help="profile decode steps, or the steps that run the prompts")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (0: greedy; the throughput benchmark uses 1)")
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
@@ -80,9 +82,12 @@ def add_prompts(runner: Any, args: argparse.Namespace, tag: str) -> None:
 
 
 def run_prefill(engine: Any) -> int:
-    """Add a batch and step until every prompt has run; returns the number of steps."""
+    """Step until every prompt token has run (a prompt split over steps is done only after its
+    last chunk, so the queue of waiting requests is not enough); returns the number of steps."""
+    from benchmarks.engine_runner import prefill_pending
+
     steps = 0
-    while engine.scheduler.waiting or steps < 1:
+    while prefill_pending(engine.scheduler) or steps < 1:
         engine.step(finished_only=True)
         steps += 1
     synchronize()
@@ -113,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.engine_runner import EngineRunner
 
-    runner = EngineRunner(engine_kwargs(args), temperature=0.0)
+    runner = EngineRunner(engine_kwargs(args), temperature=args.temperature)
     engine = runner.engine
     add_prompts(runner, args, "warmup")
     run_prefill(engine)
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner.close()
     wall_ms = 1e3 * wall_plain / max(plain_steps, 1)
     return {"benchmark": "profile_steps", "model": args.model, "phase": args.phase,
-            "batch_size": args.batch_size, "cuda_graphs": graphs is not None,
+            "batch_size": args.batch_size, "temperature": args.temperature, "cuda_graphs": graphs is not None,
             "profiled_steps": steps,
             "wall_ms_per_step_profiled": round(1e3 * wall / steps, 3),
             "wall_ms_per_step": round(wall_ms, 3),

@@ -31,3 +31,12 @@ def test_decode_phase_needs_enough_output_tokens():
     with pytest.raises(ValueError, match="--output-len"):
         main(["--config", "tiny-llama", "--output-len", "10", "--warmup-steps", "5",
               "--profile-steps", "5"])
+
+
+def test_prefill_phase_waits_for_the_last_chunk_of_every_prompt():
+    # 3 x 24 prompt tokens under a 16-token budget: at least ceil(72 / 16) = 5 steps. Stopping
+    # once no request waits (the last prompt's first chunk scheduled) would count fewer.
+    doc = main(["--config", "tiny-llama", "--batch-size", "3", "--input-len", "24",
+                "--output-len", "2", "--phase", "prefill", "--max-num-batched-tokens", "16",
+                "--max-model-len", "32"])
+    assert doc["profiled_steps"] >= 5
