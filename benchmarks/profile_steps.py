@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner.close()
     wall_ms = 1e3 * wall_plain / max(plain_steps, 1)
     return {"benchmark": "profile_steps", "model": args.model, "phase": args.phase,
-            "batch_size": args.batch_size, "temperature": args.temperature, "cuda_graphs": graphs is not None,
+            "batch_size": args.batch_size, "temperature": args.temperature,
+            "cuda_graphs": graphs is not None,
             "profiled_steps": steps,
             "wall_ms_per_step_profiled": round(1e3 * wall / steps, 3),
             "wall_ms_per_step": round(wall_ms, 3),
