@@ -105,6 +105,29 @@ def test_plan_uses_a_slice_when_prefill_tokens_are_back_to_back(seqs, expected_r
         assert plan.prefill_tokens is None
 
 
+@pytest.mark.parametrize("case", ["prefill", "prefix-hit", "mixed"])
+def test_plan_sequence_bounds_and_context_slots(case):
+    """cu_seqlens over the prefill sequences' new tokens (q) and whole contexts (k), and the
+    cache slot of every context token when some of it was computed before."""
+    seqs = CASES[case]
+    tables = [[7 * i + 3 + b for b in range(1 + (c + n) // BLOCK_SIZE)] for i, (c, n) in enumerate(seqs)]
+    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs], tables, BLOCK_SIZE, "cpu")
+    plan = _build_plan(md, BLOCK_SIZE)
+    prefills = [i for i, (_, n) in enumerate(seqs) if n > 1]
+    q_lens = [seqs[i][1] for i in prefills]
+    k_lens = [seqs[i][0] + seqs[i][1] for i in prefills]
+    bounds = lambda lens: [sum(lens[:j]) for j in range(len(lens) + 1)]  # noqa: E731
+    assert plan.cu_seqlens_q.dtype == torch.int32 and plan.cu_seqlens_q.tolist() == bounds(q_lens)
+    assert plan.cu_seqlens_k.tolist() == bounds(k_lens)
+    assert (plan.max_q, plan.max_k) == (max(q_lens), max(k_lens))
+    if q_lens == k_lens:
+        assert plan.context_slots is None
+    else:
+        expected = [tables[i][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+                    for i in prefills for pos in range(seqs[i][0] + seqs[i][1])]
+        assert plan.context_slots.tolist() == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", list(CASES))
