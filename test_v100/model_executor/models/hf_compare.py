@@ -148,14 +148,15 @@ def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedMode
 
 
 @torch.no_grad()
-def check_fp16_decode_fusions(folder: Path, hf: transformers.PreTrainedModel, monkeypatch) -> None:
-    """float16 on a GPU: decode steps of 2 and 1 sequences run the fused gemv epilogues
-    (gemv_rope_cache for qkv + RoPE + the cache write, gemv_silu_and_mul, gemv_add: the layer
+def check_fp16_decode_fusions(hf: transformers.PreTrainedModel, folder: Path, monkeypatch) -> None:
+    """`hf` saved to `folder` and loaded as ours, float16 on a GPU: decode steps of 2 and 1
+    sequences run the fused gemv epilogues (gemv_rope_cache for qkv + RoPE + the cache write, gemv_silu_and_mul, gemv_add: the layer
     returns the residual with the sum in it) and the pre-norms as gemv prologues (qkv and
     gate_up get a norm_weight); their logits match HF's and, closely, the same model with gemv
     switched off (cuBLAS + norms)."""
     from vllm_volta import _custom_ops as ops
 
+    hf.save_pretrained(folder)
     calls: dict[str, int] = {"gemv": 0, "gemv_rope_cache": 0, "gemv_silu_and_mul": 0, "gemv_add": 0}
     normed: dict[str, int] = dict.fromkeys(calls, 0)
 

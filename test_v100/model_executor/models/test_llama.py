@@ -65,6 +65,4 @@ def test_mixed_batch_on_gpu(models, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fp16_decode_fusions_on_gpu(models, tmp_path, monkeypatch):
-    hf, _ = models
-    hf.save_pretrained(tmp_path)
-    check_fp16_decode_fusions(tmp_path, hf, monkeypatch)
+    check_fp16_decode_fusions(models[0], tmp_path, monkeypatch)
