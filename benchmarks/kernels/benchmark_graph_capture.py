@@ -84,11 +84,13 @@ def run_path(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.path == "driver" and not driver_graphs_available():
         raise RuntimeError("the driver capture path needs libcuda and torch.cuda.MemPool")
-    pool = torch.cuda.MemPool() if args.path == "driver" else None
+    use_driver = args.path == "driver"
     work = make_work(args.layers, args.hidden, device)
-    first = capture_graph(work, device, pool)
+    first, pool = capture_graph(work, device, use_driver)
     alone = replay_ms(first, args.replays)
-    others = [capture_graph(work, device, pool) for _ in range(args.num_graphs - 1)]
+    # The driver path's graphs share one pool, as the engine's do; torch's each get a private one.
+    others = [capture_graph(work, device, use_driver, pool if use_driver else None)[0]
+              for _ in range(args.num_graphs - 1)]
     after = replay_ms(first, args.replays)
     log(f"{args.path}: {alone:.3f} ms per replay alone, {after:.3f} ms with {len(others) + 1} graphs")
     return {"path": args.path, "num_graphs": args.num_graphs, "layers": args.layers,

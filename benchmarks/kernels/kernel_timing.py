@@ -46,23 +46,17 @@ def time_per_call(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], dev
     return (time.perf_counter() - begin) / iters
 
 
-def capture_graph(work: Callable[[], Any], device: torch.device, pool: Any = None) -> Any:
-    """One CUDA graph of work()'s launches (work() runs once first, outside the capture, for lazy
-    initialisation): captured through the CUDA driver API into ``pool`` (a torch.cuda.MemPool)
-    when one is given (vllm_volta/worker/driver_graph.py), else with torch.cuda.CUDAGraph."""
-    from vllm_volta.worker.driver_graph import DriverGraph
+def capture_graph(work: Callable[[], Any], device: torch.device, use_driver: bool,
+                  pool: Any = None) -> tuple[Any, Any]:
+    """(graph, pool) of work()'s launches, captured as vllm_volta's engine captures
+    (driver_graph.capture_graph: the CUDA driver API with `use_driver`, else torch.cuda.CUDAGraph);
+    work() runs once first, outside the capture, for lazy initialisation."""
+    from vllm_volta.worker.driver_graph import capture_graph as capture
 
     work()
     torch.cuda.synchronize(device)
-    if pool is not None:
-        graph = DriverGraph()
-        with graph.capture(pool):
-            work()
-    else:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            work()
-    return graph
+    graph, _, pool = capture(work, use_driver, pool)
+    return graph, pool
 
 
 def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
@@ -72,8 +66,7 @@ def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, repla
     a benchmark capturing one graph per configuration would add to microsecond kernels."""
     from vllm_volta.worker.driver_graph import choose_capture_path
 
-    pool = torch.cuda.MemPool() if choose_capture_path()[0] else None
-    graph = capture_graph(work, device, pool)
+    graph, _ = capture_graph(work, device, choose_capture_path()[0])
     graph.replay()  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -24,7 +24,7 @@ import torch
 
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger
-from vllm_volta.worker.driver_graph import DriverGraph, choose_capture_path
+from vllm_volta.worker.driver_graph import DriverGraph, capture_graph, choose_capture_path
 
 if TYPE_CHECKING:
     from vllm_volta.worker.inputs import ModelInput
@@ -99,24 +99,13 @@ class CudaGraphRunner:
         model, kv_caches = self.runner.model, self.runner.kv_caches
         before = torch.cuda.mem_get_info(self.runner.device)[0]
         use_driver, how = choose_capture_path()
-        if use_driver:
-            self.pool = torch.cuda.MemPool()  # held as long as the graphs
-        # Largest first: later (smaller) graphs reuse the pool's memory.
+        # Largest first: later (smaller) graphs reuse the pool's memory (held as long as the graphs).
         for size in reversed(self.sizes):
             md = self._metadata(size)
             args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
             model(*args)  # warm-up outside the graph (lazy inits, autotuning)
             torch.cuda.synchronize(self.runner.device)
-            if use_driver:
-                graph = DriverGraph()
-                with graph.capture(self.pool):
-                    out = model(*args)
-            else:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    out = model(*args)
-                if self.pool is None:
-                    self.pool = graph.pool()
+            graph, out, self.pool = capture_graph(lambda: model(*args), use_driver, self.pool)
             self.graphs[size] = graph
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)

@@ -22,7 +22,7 @@ import contextlib
 import ctypes
 import functools
 import weakref
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -126,3 +126,20 @@ class DriverGraph:
             raise RuntimeError("replay() before a graph was captured")
         _check(_libcuda().cuGraphLaunch(self._exec, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
                "cuGraphLaunch")
+
+
+def capture_graph(work: Callable[[], Any], use_driver: bool, pool: Any = None) -> tuple[Any, Any, Any]:
+    """One graph of work()'s launches (work() already ran once outside a capture, for lazy
+    initialisation): a DriverGraph allocating from ``pool`` (a torch.cuda.MemPool, made when None)
+    or a torch.cuda.CUDAGraph sharing ``pool`` (a graph pool handle; a private pool when None).
+    Returns (graph, work()'s output, the pool a later capture shares)."""
+    if use_driver:
+        pool = torch.cuda.MemPool() if pool is None else pool
+        graph = DriverGraph()
+        with graph.capture(pool):
+            out = work()
+        return graph, out, pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = work()
+    return graph, out, graph.pool() if pool is None else pool
