@@ -106,8 +106,8 @@ inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& 
                   "] (block_table columns x block_size), got ", max_seq_len);
   VLLM_VOLTA_CHECK(partition_size >= 16 && partition_size <= 1024 && partition_size % 16 == 0, op,
                   ": 'partition_size' must be a multiple of 16 in [16, 1024], got ", partition_size);
-  VLLM_VOLTA_CHECK(num_threads == 64 || num_threads == 128 || num_threads == 256 || num_threads == 512, op,
-                  ": 'num_threads' must be 64, 128, 256 or 512, got ", num_threads);
+  VLLM_VOLTA_CHECK(num_threads % 32 == 0 && num_threads >= 64 && num_threads <= 512, op,
+                  ": 'num_threads' must be a multiple of 32 in [64, 512], got ", num_threads);
   const int64_t num_partitions = max_seq_len <= partition_size ? 1 : (max_seq_len + partition_size - 1) / partition_size;
   VLLM_VOLTA_CHECK(num_partitions <= 65535, op, ": max_seq_len / partition_size exceeds 65535 partitions");
   return {cache, num_seqs, num_heads, num_partitions};

@@ -1,7 +1,8 @@
 // Host launcher for paged-attention decode (device code: kernels/paged_attention.cuh).
 // Launch parameters (partition_size, num_threads) come from the caller, which looks them
 // up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 tensor-core path
-// may lengthen the partition to balance the grid's waves (plan_tc_launch).
+// may lengthen the partition or use fewer warps per block to balance the grid's waves
+// (plan_tc_launch).
 #include "attention_checks.h"
 #include "cuda_launch.h"
 #include "kernels/paged_attention_tc.cuh"
@@ -74,20 +75,24 @@ struct TcLaunch {
   int64_t smem = 0;  // 0: the tensor-core kernel cannot run this launch
   int64_t partition_size = 0;
   int64_t num_partitions = 0;
+  int64_t threads = 0;
 };
 
 // The tensor-core launch for the tuned (partition_size, threads), which split the context into
 // tuned_parts partitions, or none when the partition is not whole 32-token tiles or the
 // block's threads or shared memory do not fit the device.
 // Wave balancing: the grid's blocks run in waves of (resident blocks per SM x SMs), and a
-// last wave that is mostly empty costs as much as a full one (e.g. 64 sequences x 4096
-// tokens with 1024-token partitions: 2048 blocks = 5.2 waves of 396 on an H200). So the
-// partition may grow, up to twice the tuned size, to the split with the least predicted
-// time: waves x (partition + fixed block cost). The tuned split wins ties; a grid of one
-// wave keeps it.
+// last wave that is mostly empty costs as much as a full one (e.g. 1000 sequences x 2 KV
+// heads with 128-thread blocks: 2000 blocks = 5.05 waves of 396 on an H200). When the tuned
+// grid spans more than one wave, the launch may use longer partitions (up to twice the tuned
+// size: fewer blocks) or fewer warps per block (down to 2: more resident blocks), whichever
+// split is predicted fastest. The kernel streams the cache, so an SM's resident blocks share
+// its bandwidth: a wave takes (blocks per SM) x (partition + fixed block cost), slower in
+// proportion when the SM holds fewer warps than the tuned launch does. The tuned launch wins
+// ties; a grid of one wave keeps it (the tuner measured it).
 template <int D>
 TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
-                        int64_t tuned_parts, int64_t threads, int64_t hpb) {
+                        int64_t tuned_parts, int64_t tuned_threads, int64_t hpb) {
   auto kernel = paged_attention_decode_tc_kernel<D>;
   static std::mutex mutex;
   static TcDevice per_device[64];
@@ -101,8 +106,8 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem) != cudaSuccess)
       dev.max_smem = 48 * 1024;  // the default limit needs no opt-in
   }
-  if (partition_size % kTcTile != 0 || threads > dev.max_threads) return {};
-  auto resident = [&](int64_t smem) {
+  if (partition_size % kTcTile != 0 || tuned_threads > dev.max_threads) return {};
+  auto resident = [&](int64_t threads, int64_t smem) {
     if (smem > dev.max_smem) return 0;
     auto [it, added] = dev.resident.try_emplace({threads, smem}, 0);
     if (added && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, static_cast<int>(threads),
@@ -110,20 +115,36 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
       it->second = 0;
     return it->second;
   };
-  const int warps = static_cast<int>(threads / 32);
+  auto smem_of = [&](int64_t threads, int64_t size) {
+    return tc_smem_bytes(D, static_cast<int>(threads / 32), static_cast<int>(size), static_cast<int>(hpb));
+  };
+  const int64_t tuned_smem = smem_of(tuned_threads, partition_size);
+  const int tuned_per_sm = resident(tuned_threads, tuned_smem);
+  if (tuned_per_sm == 0) return {};
+  const TcLaunch tuned{tuned_smem, partition_size, tuned_parts, tuned_threads};
+  const int64_t slots = static_cast<int64_t>(dev.num_sms) * tuned_per_sm;
+  if (blocks_per_partition * tuned_parts <= slots) return tuned;
+
+  const double tuned_warps = static_cast<double>(tuned_per_sm * tuned_threads / 32);
   TcLaunch best;
-  int64_t best_cost = 0;
-  for (int64_t parts = tuned_parts; parts >= std::max<int64_t>(ceil_div(tuned_parts, 2), tuned_parts - 15); --parts) {
-    const int64_t size = parts == tuned_parts ? partition_size : ceil_div(ceil_div(max_seq_len, parts), kTcTile) * kTcTile;
-    if (parts != tuned_parts && ceil_div(max_seq_len, size) != parts) continue;
-    const int64_t smem = tc_smem_bytes(D, warps, static_cast<int>(size), static_cast<int>(hpb));
-    const int per_sm = resident(smem);
-    if (per_sm == 0) continue;
-    const int64_t waves = ceil_div(blocks_per_partition * parts, static_cast<int64_t>(per_sm) * dev.num_sms);
-    const int64_t cost = waves * (std::min(size, max_seq_len) + kTcBlockOverheadTokens);
-    if (best.smem == 0 || cost < best_cost) {
-      best = {smem, size, parts};
-      best_cost = cost;
+  double best_cost = 0.0;
+  for (int64_t threads = tuned_threads; threads >= 64; threads -= 32) {
+    for (int64_t parts = tuned_parts; parts >= std::max<int64_t>(ceil_div(tuned_parts, 2), tuned_parts - 15);
+         --parts) {
+      const int64_t size =
+          parts == tuned_parts ? partition_size : ceil_div(ceil_div(max_seq_len, parts), kTcTile) * kTcTile;
+      if (parts != tuned_parts && ceil_div(max_seq_len, size) != parts) continue;
+      const int64_t smem = smem_of(threads, size);
+      const int per_sm = resident(threads, smem);
+      if (per_sm == 0) continue;
+      const int64_t waves = ceil_div(blocks_per_partition * parts, static_cast<int64_t>(per_sm) * dev.num_sms);
+      const double warps = static_cast<double>(per_sm * threads / 32);
+      const double cost = std::max(1.0, tuned_warps / warps) *
+                          static_cast<double>(waves * per_sm * (std::min(size, max_seq_len) + kTcBlockOverheadTokens));
+      if (best.smem == 0 || cost < best_cost) {
+        best = {smem, size, parts, threads};
+        best_cost = cost;
+      }
     }
   }
   return best;
@@ -187,7 +208,8 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
       constexpr int D = decltype(d_tag)::value;
       if constexpr (std::is_same_v<T, __half>) {
         if (tc.smem > 0) {
-          paged_attention_decode_tc_kernel<D><<<grid, threads, static_cast<size_t>(tc.smem), stream>>>(
+          const unsigned tc_threads = static_cast<unsigned>(tc.threads);
+          paged_attention_decode_tc_kernel<D><<<grid, tc_threads, static_cast<size_t>(tc.smem), stream>>>(
               out_ptr, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
               static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
               static_cast<const int*>(seq_lens.data_ptr()), params);

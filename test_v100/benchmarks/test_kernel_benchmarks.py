@@ -19,6 +19,19 @@ def test_graphed_timing_falls_back_to_wall_clock_off_cuda():
         time_per_call_graphed(lambda: None, torch.device("cpu"), iters=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_timing_replays_work_that_allocates_during_the_capture():
+    # As the paged-attention op's split-context scratch: memory allocated inside the captured
+    # calls must stay the graph's while it replays.
+    x = torch.randn(1 << 22, device="cuda")
+    out = torch.empty_like(x)
+    seconds = time_per_call_graphed(lambda: torch.exp(x * 2.0, out=out), torch.device("cuda"), iters=4)
+    torch.cuda.synchronize()
+    assert seconds > 0
+    torch.testing.assert_close(out, torch.exp(x * 2.0))
+
+
 def _shape_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_shape_args(parser)

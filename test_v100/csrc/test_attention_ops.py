@@ -39,14 +39,15 @@ def decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
     num_seqs, num_heads, d = q.shape
     block_size, kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     out = torch.zeros(num_seqs, num_heads, d, dtype=torch.float64)
+    kv_cache, block_table, q = kv_cache.cpu(), block_table.long().cpu(), q.cpu().double()
     for i, n in enumerate(seq_lens):
         pos = torch.arange(n)
-        blocks = block_table[i].long().cpu()[pos // block_size]
-        k = kv_cache[0].cpu()[blocks, pos % block_size].double()  # [n, KH, D]
-        v = kv_cache[1].cpu()[blocks, pos % block_size].double()
+        blocks = block_table[i][pos // block_size]
+        k = kv_cache[0][blocks, pos % block_size].double()  # [n, KH, D]
+        v = kv_cache[1][blocks, pos % block_size].double()
         k = k.repeat_interleave(num_heads // kv_heads, dim=1)
         v = v.repeat_interleave(num_heads // kv_heads, dim=1)
-        scores = torch.einsum("hd,nhd->hn", q[i].cpu().double(), k) * scale
+        scores = torch.einsum("hd,nhd->hn", q[i], k) * scale
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
     return out
 
@@ -55,6 +56,7 @@ DECODE_CASES = [
     # (dtype, head_size, num_heads, kv_heads, seq_lens, partition_size, num_threads)
     (torch.float16, 128, 32, 8, [1, 17, 64, 600, 1333], 512, 128),  # Llama-3 GQA 4, split contexts
     (torch.float16, 128, 12, 2, [5, 300, 1024], 256, 256),  # Qwen2.5-1.5B: GQA 6 -> 6 heads/block (bound 8)
+    (torch.float16, 128, 12, 2, [5, 300, 1024], 256, 96),  # 3 warps per block
     (torch.float16, 128, 28, 4, [77, 2049], 512, 64),  # Qwen2.5-7B: GQA 7 -> 7 heads/block (bound 8)
     (torch.float16, 64, 9, 3, [3, 40, 129], 32, 128),  # tiny partitions, many of them; GQA 3 (bound 4)
     (torch.float16, 96, 8, 8, [33, 95], 1024, 512),  # MHA, single partition
@@ -63,6 +65,8 @@ DECODE_CASES = [
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
     # a grid of several waves: the launcher may lengthen the partitions (not a power of two)
     (torch.float16, 128, 32, 8, [1100] * 40 + [5, 700], 256, 128),
+    # 2000 blocks of one partition: the launcher may give blocks fewer warps (more per SM)
+    (torch.float16, 128, 12, 2, [40] * 999 + [700], 1024, 128),
     # FP16 on CUDA cores: a partition of half tiles; a tensor-core tile set past shared memory
     (torch.float16, 128, 32, 8, [70, 400], 48, 128),
     (torch.float16, 256, 8, 1, [1500], 1024, 512),
@@ -192,7 +196,7 @@ BAD_DECODE = [
     (dict(seq_lens=torch.empty(3, dtype=torch.int32, device="meta")), "'seq_lens' must have 2 entries"),
     (dict(max_seq_len=65), "'max_seq_len' must be in [0, 64]"),
     (dict(partition_size=100), "'partition_size' must be a multiple of 16"),
-    (dict(num_threads=96), "'num_threads' must be 64, 128, 256 or 512"),
+    (dict(num_threads=80), "'num_threads' must be a multiple of 32 in [64, 512]"),
     (dict(scale=0.0), "'scale' must be > 0"),
     (dict(out=torch.empty(2, 8, 64, dtype=torch.float16, device="meta")), "'out' must have the same shape"),
 ]

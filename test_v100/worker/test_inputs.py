@@ -6,7 +6,7 @@ from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
 from vllm_volta.core.request import Request
 from vllm_volta.core.scheduler import ScheduledRequest
 from vllm_volta.sampling_params import SamplingParams
-from vllm_volta.worker.inputs import prepare_inputs
+from vllm_volta.worker.inputs import padded_logits_rows, prepare_inputs
 
 
 def scheduled(tokens, num_computed, num_new, block_ids):
@@ -36,7 +36,8 @@ def test_matches_reference_metadata_for_mixed_batch():
     assert inp.input_ids.tolist() == expected_ids
     # The partial prefill (row 2) samples nothing; others sample at their last new token.
     assert inp.sample_rows == [0, 1, 3]
-    assert inp.logits_indices.tolist() == [0, 5, 13]
+    # Three rows padded to four (padded_logits_rows): the padding repeats row 0.
+    assert inp.logits_indices.tolist() == [0, 5, 13, 0]
     assert md.slot_mapping.dtype == torch.int64 and md.block_table.dtype == torch.int32
 
 
@@ -74,3 +75,11 @@ def test_large_batch_block_table_matches_reference():
     ref = build_attn_metadata(num_computed, [1] * 40, [s.block_ids for s in batch], 4)
     for name in ("block_table", "slot_mapping", "seq_lens"):
         assert torch.equal(getattr(inp.attn_metadata, name), getattr(ref, name)), name
+
+
+def test_logits_rows_are_bucketed():
+    """Powers of two up to 256, then multiples of 256: few distinct lm_head GEMM shapes."""
+    rows = {n: padded_logits_rows(n) for n in (0, 1, 2, 3, 5, 100, 129, 256, 257, 1000, 1025)}
+    assert rows == {0: 0, 1: 1, 2: 2, 3: 4, 5: 8, 100: 128, 129: 256, 256: 256, 257: 512,
+                    1000: 1024, 1025: 1280}
+    assert len({padded_logits_rows(n) for n in range(1, 2049)}) == 8 + 8

@@ -10,11 +10,12 @@ per batch size (up to 83) of ~200 kernels each, so this is the default capture p
 (``VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch`` selects torch's).
 
 Memory the captured work allocates comes from a ``torch.cuda.MemPool`` (what torch's graphs
-do with their private pool): the caller keeps the pool alive as long as the graphs, which
-read and write its blocks at every replay. Every capture runs on one side stream per device,
-as torch's do: the caching allocator reuses a freed block only on the stream it was allocated
-on, so graphs sharing a pool (captured largest first) reuse each other's memory. A capture
-uses relaxed mode, so that the caching allocator may grow the pool (``cudaMalloc``) during it.
+do with their private pool): each graph holds a reference to its pool, whose blocks it reads
+and writes at every replay, so the pool lives as long as any graph captured into it. Every
+capture runs on one side stream per device, as torch's do: the caching allocator reuses a
+freed block only on the stream it was allocated on, so graphs sharing a pool (captured
+largest first) reuse each other's memory. A capture uses relaxed mode, so that the caching
+allocator may grow the pool (``cudaMalloc``) during it.
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ class DriverGraph:
 
     def __init__(self) -> None:
         self._exec: ctypes.c_void_p | None = None
+        self._pool: torch.cuda.MemPool | None = None
 
     @contextlib.contextmanager
     def capture(self, pool: torch.cuda.MemPool) -> Iterator[None]:
@@ -118,6 +120,7 @@ class DriverGraph:
         finally:
             lib.cuGraphDestroy(graph)
         self._exec = graph_exec
+        self._pool = pool  # replays use the blocks the captured work allocated from it
         weakref.finalize(self, lib.cuGraphExecDestroy, graph_exec)  # also runs at exit, before teardown
         torch.cuda.current_stream().wait_stream(stream)
 

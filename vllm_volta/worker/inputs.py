@@ -22,7 +22,9 @@ class ModelInput:
     input_ids: torch.Tensor        # [T] int64, device (row 0 of token_table)
     positions: torch.Tensor        # [T] int64, device (row 1 of token_table)
     attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor   # [N] int64, device: rows of the hidden states to sample
+    # [padded_logits_rows(N)] int64, device: rows of the hidden states to sample (the first N;
+    # the rest repeat row 0 and their logits are dropped)
+    logits_indices: torch.Tensor
     sample_rows: list[int]         # for each of the N rows, its index in the scheduled list
     query_start_loc: np.ndarray    # [B+1] host copy, for prompt-logprob slicing
     # [3, T] int64, device: input ids, positions, slot mapping (one copy into CUDA graphs)
@@ -35,6 +37,21 @@ class ModelInput:
 
 def _align(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def padded_logits_rows(n: int) -> int:
+    """Rows the logits GEMM runs for n sampled rows: the next power of two up to 256, then the
+    next multiple of 256.
+
+    cuBLAS makes the host wait for all queued GPU work the first time it runs a GEMM shape
+    (measured on the H200: 40-110 ms blocks in the lm_head call, every other prefill step of an
+    offline run, the GPU idle while the host then built the next step). The sampled rows of
+    prefill steps change every step, so the shapes are bucketed; up to 256 rows the lm_head
+    GEMM is bound by reading its weight, so the padding costs little.
+    """
+    if n <= 256:
+        return 0 if n == 0 else 1 << (n - 1).bit_length()
+    return _align(n, 256)
 
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
@@ -71,10 +88,10 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                                   np.int32, int(num_blocks.sum()))
         block_table[np.arange(max_blocks) < num_blocks[:, None]] = flat_blocks
 
-    # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N]
+    # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N padded]
     row = _align(num_tokens, 2)  # each row 16-byte aligned
     li_at = 3 * row
-    packed64 = np.zeros(li_at + len(sample_rows), np.int64)
+    packed64 = np.zeros(li_at + padded_logits_rows(len(sample_rows)), np.int64)
     table = packed64[:li_at].reshape(3, row)[:, :num_tokens]
     token_ids, positions, slot_mapping = table
     if num_tokens == num_seqs:  # pure decode: one token per sequence
@@ -89,7 +106,7 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         seq_of_token = np.repeat(np.arange(num_seqs), num_new)
     slot_mapping[:] = (block_table[seq_of_token, positions // block_size].astype(np.int64)
                        * block_size + positions % block_size)
-    packed64[li_at:] = qsl[1:][sample_rows] - 1
+    packed64[li_at:li_at + len(sample_rows)] = qsl[1:][sample_rows] - 1
 
     dev64 = to_device(packed64, device)
     dev32 = to_device(packed32, device)

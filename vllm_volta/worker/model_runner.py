@@ -148,7 +148,7 @@ class ModelRunner:
         hidden = self._forward(inp)
         self._prompt_logprobs(scheduled, inp, hidden, pending.output)
         if inp.sample_rows:
-            logits = self.model.compute_logits(hidden[inp.logits_indices])
+            logits = self.model.compute_logits(hidden[inp.logits_indices])[:len(inp.sample_rows)]
             if self.is_driver:
                 self._sample(scheduled, inp.sample_rows, logits, pending)
         return pending
