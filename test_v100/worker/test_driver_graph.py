@@ -41,6 +41,16 @@ def work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).tanh() + x
 
 
+def captured(x: torch.Tensor, w: torch.Tensor, pool: torch.cuda.MemPool) -> tuple[DriverGraph, torch.Tensor]:
+    """A DriverGraph of work(x, w) allocating from `pool` (warmed up eagerly first), and its output."""
+    work(x, w)
+    torch.cuda.synchronize()
+    graph = DriverGraph()
+    with graph.capture(pool):
+        out = work(x, w)
+    return graph, out
+
+
 @pytest.mark.gpu
 @needs_driver_graphs
 def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
@@ -51,11 +61,7 @@ def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
     inputs = {rows: torch.randn(rows, 64, device=dev) for rows in (1, 8, 32)}
     graphs, outputs = {}, {}
     for rows, x in inputs.items():
-        work(x, w)  # warm-up
-        torch.cuda.synchronize()
-        graphs[rows] = DriverGraph()
-        with graphs[rows].capture(pool):
-            outputs[rows] = work(x, w)
+        graphs[rows], outputs[rows] = captured(x, w, pool)
     # Captured largest last here, so the pool holds every graph's intermediates; a second
     # capture of the 32-row work reuses the blocks the first one freed (one capture stream).
     before = torch.cuda.memory_allocated()
@@ -85,12 +91,8 @@ def test_a_graph_keeps_its_pool_and_the_blocks_it_replays_into_alive():
     dev = torch.device("cuda")
     w = torch.randn(256, 256, device=dev) / 16
     x = torch.randn(512, 256, device=dev)
-    work(x, w)  # warm-up
-    torch.cuda.synchronize()
-    graph = DriverGraph()
     pool = torch.cuda.MemPool()
-    with graph.capture(pool):
-        out = work(x, w)
+    graph, out = captured(x, w, pool)
     del pool
     gc.collect()
     torch.cuda.empty_cache()
