@@ -98,8 +98,10 @@ def test_clone_is_deep() -> None:
     c = p.clone()
     c.stop.append("y")
     c.update_from_tokenizer(3)
-    assert p.stop == ["x"] and p.all_stop_token_ids == {1, 2}
+    c.stop_token_ids.append(7)
+    assert p.stop == ["x"] and p.stop_token_ids == [1] and p.all_stop_token_ids == {1, 2}
     assert c.all_stop_token_ids == {1, 2, 3}
+    assert p.clone() == p and p.clone().eos_token_ids is not p.eos_token_ids
 
 
 def test_repr_names_fields() -> None:

@@ -206,8 +206,14 @@ class SamplingParams:
         return not self.ignore_eos and token_id in self._eos_token_ids
 
     def clone(self) -> SamplingParams:
-        """A deep copy (the engine mutates its copy, never the user's object)."""
-        return copy.deepcopy(self)
+        """A deep copy (the engine mutates its copy, never the user's object). Every field is
+        a scalar, a string or a flat list or set of them, so copying the containers copies it
+        all (copy.deepcopy's generic walk took ~0.1 ms, once per request)."""
+        new = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, (list, set, dict)):
+                setattr(new, name, value.copy())
+        return new
 
     def __repr__(self) -> str:
         return (f"SamplingParams(n={self.n}, presence_penalty={self.presence_penalty}, "

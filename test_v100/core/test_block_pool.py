@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_volta.core.block_hash import hash_block_tokens
+from vllm_volta.core.block_hash import hash_block_tokens, hash_blocks
 from vllm_volta.core.block_pool import BlockPool
 
 
@@ -14,6 +14,9 @@ def test_hash_chain_depends_on_parent_and_tokens():
     assert b != hash_block_tokens(None, [5, 6, 7, 8])
     assert b != hash_block_tokens(hash_block_tokens(None, [0, 2, 3, 4]), [5, 6, 7, 8])
     assert len(a) == 16
+    # Several blocks at once: the same chain; a partial last block is not hashed.
+    assert hash_blocks(None, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4) == [a, b]
+    assert hash_blocks(a, [5, 6, 7, 8], 4) == [b] and hash_blocks(None, [1, 2, 3], 4) == []
 
 
 def test_null_block_reserved_and_allocation_counts():

@@ -148,6 +148,11 @@ def test_too_long_prompt_is_rejected_and_engine_continues(tiny):
         engine.add_request("empty", [], GREEDY)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request("oov", [1, 10_000], GREEDY)
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        engine.add_request("negative", [1, -1, 10_000], GREEDY)
+    for bad in ([1, True], [1, 2.0], [1, "2"]):
+        with pytest.raises(ValueError, match="prompt must be a string, a list of token ids"):
+            engine.add_request("bad-type", bad, GREEDY)
     assert not engine.has_unfinished_requests()
     out = run(engine, [[5, 6, 7]], GREEDY)[0]
     assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, [5, 6, 7], 8)

@@ -5,7 +5,7 @@ import enum
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm_volta.core.block_hash import BlockHash, hash_block_tokens
+from vllm_volta.core.block_hash import BlockHash, hash_blocks
 
 if TYPE_CHECKING:
     from vllm_volta.sampling_params import SamplingParams
@@ -111,11 +111,9 @@ class Request:
     def _update_block_hashes(self) -> None:
         # Hash every newly completed full block, chaining on the previous block's hash.
         bs = self.block_size
-        start = len(self.block_hashes)
+        start = len(self.block_hashes) * bs
         parent = self.block_hashes[-1] if self.block_hashes else None
-        for i in range(start, self.num_tokens // bs):
-            parent = hash_block_tokens(parent, self.all_token_ids[i * bs:(i + 1) * bs])
-            self.block_hashes.append(parent)
+        self.block_hashes += hash_blocks(parent, self.all_token_ids[start:self.num_tokens // bs * bs], bs)
 
     def __repr__(self) -> str:
         return (f"Request(id={self.request_id!r}, status={self.status.name}, "

@@ -116,8 +116,9 @@ class LLMEngine:
                 raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init "
                                  "is set); pass prompt_token_ids")
             return prompt, list(self.tokenizer.encode(prompt))
+        # Element types checked once each (map runs in C): ints, not bools.
         if isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                issubclass(t, int) and t is not bool for t in set(map(type, prompt))):
             return None, list(prompt)
         raise ValueError(f"prompt must be a string, a list of token ids or a dict, "
                          f"got {type(prompt).__name__}")
@@ -131,8 +132,8 @@ class LLMEngine:
                              f"{mc.max_model_len}: the prompt must have at most "
                              f"{mc.max_model_len} tokens")
         vocab = mc.get_vocab_size()
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            bad = next(t for t in token_ids if not 0 <= t < vocab)
             raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary "
                              f"[0, {vocab})")
         for name in ("logprobs", "prompt_logprobs"):
