@@ -27,7 +27,6 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.kernels.kernel_timing import capture_graph  # noqa: E402
 from benchmarks.utils import device_info, log, ratio, require_cuda, run_and_emit  # noqa: E402
 
 PATHS = ("torch", "driver")
@@ -80,16 +79,16 @@ def replay_ms(graph: Any, replays: int) -> float:
 
 def run_path(args: argparse.Namespace) -> dict[str, Any]:
     device = require_cuda("benchmark_graph_capture.py")
-    from vllm_volta.worker.driver_graph import driver_graphs_available
+    from vllm_volta.worker.driver_graph import capture_graph, driver_graphs_available
 
     if args.path == "driver" and not driver_graphs_available():
         raise RuntimeError("the driver capture path needs libcuda and torch.cuda.MemPool")
     use_driver = args.path == "driver"
     work = make_work(args.layers, args.hidden, device)
-    first, pool = capture_graph(work, device, use_driver)
+    first, _, pool = capture_graph(work, use_driver)
     alone = replay_ms(first, args.replays)
     # The driver path's graphs share one pool, as the engine's do; torch's each get a private one.
-    others = [capture_graph(work, device, use_driver, pool if use_driver else None)[0]
+    others = [capture_graph(work, use_driver, pool if use_driver else None)[0]
               for _ in range(args.num_graphs - 1)]
     after = replay_ms(first, args.replays)
     log(f"{args.path}: {alone:.3f} ms per replay alone, {after:.3f} ms with {len(others) + 1} graphs")

@@ -46,27 +46,15 @@ def time_per_call(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], dev
     return (time.perf_counter() - begin) / iters
 
 
-def capture_graph(work: Callable[[], Any], device: torch.device, use_driver: bool,
-                  pool: Any = None) -> tuple[Any, Any]:
-    """(graph, pool) of work()'s launches, captured as vllm_volta's engine captures
-    (driver_graph.capture_graph: the CUDA driver API with `use_driver`, else torch.cuda.CUDAGraph);
-    work() runs once first, outside the capture, for lazy initialisation."""
-    from vllm_volta.worker.driver_graph import capture_graph as capture
-
-    work()
-    torch.cuda.synchronize(device)
-    graph, _, pool = capture(work, use_driver, pool)
-    return graph, pool
-
-
 def graph_replay_seconds(work: Callable[[], Any], device: torch.device, *, replays: int = 3) -> float:
     """GPU seconds per replay of one CUDA graph holding work()'s launches. The graph is captured
     the way vllm_volta's engine would (driver_graph.choose_capture_path): from a process's fourth
     torch.cuda.CUDAGraph capture on, every kernel node replays ~0.45 us slower on the H200, which
     a benchmark capturing one graph per configuration would add to microsecond kernels."""
-    from vllm_volta.worker.driver_graph import choose_capture_path
+    from vllm_volta.worker.driver_graph import capture_graph, choose_capture_path
 
-    graph, _ = capture_graph(work, device, choose_capture_path()[0])
+    with torch.cuda.device(device):
+        graph, _, _ = capture_graph(work, choose_capture_path()[0])
     graph.replay()  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

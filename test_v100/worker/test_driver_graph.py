@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vllm_volta.worker import driver_graph
-from vllm_volta.worker.driver_graph import DriverGraph, driver_graphs_available
+from vllm_volta.worker.driver_graph import DriverGraph, capture_graph, driver_graphs_available
 
 needs_driver_graphs = pytest.mark.skipif(not driver_graphs_available(),
                                          reason="needs a CUDA GPU, libcuda and torch.cuda.MemPool")
@@ -41,16 +41,6 @@ def work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (h @ w.t()).tanh() + x
 
 
-def captured(x: torch.Tensor, w: torch.Tensor, pool: torch.cuda.MemPool) -> tuple[DriverGraph, torch.Tensor]:
-    """A DriverGraph of work(x, w) allocating from `pool` (warmed up eagerly first), and its output."""
-    work(x, w)
-    torch.cuda.synchronize()
-    graph = DriverGraph()
-    with graph.capture(pool):
-        out = work(x, w)
-    return graph, out
-
-
 @pytest.mark.gpu
 @needs_driver_graphs
 def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
@@ -61,7 +51,7 @@ def test_replay_equals_eager_for_new_inputs_and_survives_other_allocations():
     inputs = {rows: torch.randn(rows, 64, device=dev) for rows in (1, 8, 32)}
     graphs, outputs = {}, {}
     for rows, x in inputs.items():
-        graphs[rows], outputs[rows] = captured(x, w, pool)
+        graphs[rows], outputs[rows], _ = capture_graph(lambda: work(x, w), True, pool)
     # Captured largest last here, so the pool holds every graph's intermediates; a second
     # capture of the 32-row work reuses the blocks the first one freed (one capture stream).
     before = torch.cuda.memory_allocated()
@@ -92,7 +82,7 @@ def test_a_graph_keeps_its_pool_and_the_blocks_it_replays_into_alive():
     w = torch.randn(256, 256, device=dev) / 16
     x = torch.randn(512, 256, device=dev)
     pool = torch.cuda.MemPool()
-    graph, out = captured(x, w, pool)
+    graph, out, _ = capture_graph(lambda: work(x, w), True, pool)
     del pool
     gc.collect()
     torch.cuda.empty_cache()

@@ -99,12 +99,10 @@ class CudaGraphRunner:
         model, kv_caches = self.runner.model, self.runner.kv_caches
         before = torch.cuda.mem_get_info(self.runner.device)[0]
         use_driver, how = choose_capture_path()
-        # Largest first: later (smaller) graphs reuse the pool's memory (held as long as the graphs).
+        # Largest first: later (smaller) graphs reuse the pool's memory.
         for size in reversed(self.sizes):
             md = self._metadata(size)
             args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
-            model(*args)  # warm-up outside the graph (lazy inits, autotuning)
-            torch.cuda.synchronize(self.runner.device)
             graph, out, self.pool = capture_graph(lambda: model(*args), use_driver, self.pool)
             self.graphs[size] = graph
             self.outputs[size] = out

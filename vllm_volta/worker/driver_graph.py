@@ -132,10 +132,13 @@ class DriverGraph:
 
 
 def capture_graph(work: Callable[[], Any], use_driver: bool, pool: Any = None) -> tuple[Any, Any, Any]:
-    """One graph of work()'s launches (work() already ran once outside a capture, for lazy
-    initialisation): a DriverGraph allocating from ``pool`` (a torch.cuda.MemPool, made when None)
-    or a torch.cuda.CUDAGraph sharing ``pool`` (a graph pool handle; a private pool when None).
+    """One graph of work()'s launches on the current device: a DriverGraph allocating from
+    ``pool`` (a torch.cuda.MemPool, made when None) or a torch.cuda.CUDAGraph sharing ``pool`` (a
+    graph pool handle; a private pool when None). work() first runs once outside the capture,
+    for lazy initialisation (library handles, autotuning, first kernel loads).
     Returns (graph, work()'s output, the pool a later capture shares)."""
+    work()
+    torch.cuda.synchronize()
     if use_driver:
         pool = torch.cuda.MemPool() if pool is None else pool
         graph = DriverGraph()

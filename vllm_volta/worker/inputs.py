@@ -43,10 +43,10 @@ def padded_logits_rows(n: int) -> int:
     """Rows the logits GEMM runs for n sampled rows: the next power of two up to 256, then the
     next multiple of 256.
 
-    cuBLAS makes the host wait for all queued GPU work the first time it runs a GEMM shape
-    (measured on the H200: 40-110 ms blocks in the lm_head call, every other prefill step of an
-    offline run, the GPU idle while the host then built the next step). The sampled rows of
-    prefill steps change every step, so the shapes are bucketed; up to 256 rows the lm_head
+    With a new row count every step (prefill steps), the host blocked in the lm_head call until
+    all queued GPU work was done (40-110 ms, every other prefill step of an offline run on the
+    H200, the GPU idle while the host then built the next step; cuBLAS's first use of a GEMM
+    shape is the suspected cause), and with bucketed rows it did not. Up to 256 rows the lm_head
     GEMM is bound by reading its weight, so the padding costs little.
     """
     if n <= 256:
