@@ -2,7 +2,8 @@
 // and partition scratch as paged_attention_decode_kernel (paged_attention.cuh), with both
 // products done by WMMA m8n32k16 (FP16 inputs, FP32 accumulation; SM70 and newer):
 //  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
-//     flight at once; the next tile's loads are issued before this tile's MMAs) and computes
+//     flight at once; the next tile's loads are issued before this tile's MMAs; a whole tile
+//     is addressed from two block-table reads, not one shuffled slot per row) and computes
 //     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero) x K^T; its hpb real
 //     rows go to the FP32 scores [hpb][partition] (through the warp's free tile buffer, so
 //     the partition-long buffer holds no zero rows: less shared memory, more blocks per SM);
@@ -87,8 +88,23 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   const __half* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
 
   // Rows i0 .. i0 + 31 of one cache half, as this lane's VR 16-byte vectors of the tile
-  // (rows past n: zeros). Lane l finds the cache slot of row l and shares it.
+  // (rows past n: zeros). A whole tile with block_size a multiple of 16 is two runs of 16
+  // consecutive slots (the tile starts at a multiple of 32 tokens): two block-table reads
+  // and plain address arithmetic. Otherwise lane l finds the cache slot of row l and shares it.
+  const bool runs16 = p.block_size % 16 == 0;
   auto load_rows = [&](uint4 (&vals)[VR], const __half* half_base, int i0) {
+    if (runs16 && i0 + kTcTile <= n) {
+      const int t0 = start + i0, t1 = t0 + 16;
+      const __half* run0 = half_base + static_cast<int64_t>(bt[t0 / p.block_size] * p.block_size + t0 % p.block_size) * token_stride;
+      const __half* run1 = half_base + static_cast<int64_t>(bt[t1 / p.block_size] * p.block_size + t1 % p.block_size) * token_stride;
+#pragma unroll
+      for (int r = 0; r < VR; ++r) {
+        const int v = lane + 32 * r, row = v / VR;
+        const __half* src = (row < 16 ? run0 + row * token_stride : run1 + (row - 16) * token_stride) + (v % VR) * 8;
+        vals[r] = *reinterpret_cast<const uint4*>(src);
+      }
+      return;
+    }
     const int i = i0 + lane;
     int slot = -1;
     if (i < n) {

@@ -80,7 +80,8 @@ DECODE_CASES = [
 @requires_gpu
 @pytest.mark.parametrize("dtype,head_size,num_heads,kv_heads,seq_lens,partition_size,num_threads", DECODE_CASES)
 @pytest.mark.parametrize("max_len_slack", [0, 700], ids=["exact-max", "graph-max"])
-@pytest.mark.parametrize("block_size", [16, 24], ids=["block16", "block24-straddles-partitions"])
+@pytest.mark.parametrize("block_size", [16, 24, 48],
+                         ids=["block16", "block24-straddles-partitions", "block48-runs-of-16"])
 def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, kv_heads, seq_lens,
                                                   partition_size, num_threads, max_len_slack, block_size):
     if dtype == torch.bfloat16 and not (torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()):
