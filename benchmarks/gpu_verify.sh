@@ -6,7 +6,9 @@
 #   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]
 #
 # The Volta tree is a copy of this checkout (VOLTA_TREE, default /tmp/volta-tree) with its own
-# in-place build, so both extensions exist side by side.
+# in-place build, so both extensions exist side by side. The steps write more than ten files; where
+# only a few files come back from the machine, give a scratch OUTDIR and pack it afterwards
+# (e.g. `tar -czf "$OUT/gpu_verify.tgz" -C /tmp/gv .`).
 set -uo pipefail
 out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]}
 shift
