@@ -62,6 +62,19 @@ def run_side(tree: str, benchmark: str, bench_args: list[str], volta: bool) -> d
     return json.loads(proc.stdout)
 
 
+def headline(result: dict[str, Any]) -> str:
+    """One side's main figures in a line (the log's last lines then hold a run's result)."""
+    parts = [f"{key} {result[key]:.6g}" for key in ("output_tokens_per_second", "decode_time_per_token")
+             if isinstance(result.get(key), (int, float))]
+    fraction = (result.get("roofline") or {}).get("fraction_of_roofline")
+    if fraction is not None:
+        parts.append(f"{fraction:.1%} of roofline")
+    vs_hf = (result.get("ratio_vs_hf") or {}).get("output_tokens_per_second")
+    if vs_hf is not None:
+        parts.append(f"{vs_hf:.2f}x transformers")
+    return ", ".join(parts)
+
+
 def run(args: argparse.Namespace, bench_args: list[str]) -> dict[str, Any]:
     native = run_side(str(ROOT), args.benchmark, bench_args, volta=False)
     volta = run_side(args.volta_tree, args.benchmark, bench_args, volta=True)
@@ -69,6 +82,8 @@ def run(args: argparse.Namespace, bench_args: list[str]) -> dict[str, Any]:
              for k in _FASTER_IS_HIGHER.get(args.benchmark, ())}
     speed.update({k: ratio(native[k], volta[k]) if volta.get(k) else None
                   for k in _FASTER_IS_LOWER.get(args.benchmark, ())})
+    log(f"summary: native {headline(native)}; volta {headline(volta)}; volta vs native: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in speed.items() if v is not None))
     adapter = volta["device"].get("extension", {}).get("v100_adapter")
     if not adapter:
         log("warning: the Volta side's extension is not a V100-adapter build "
