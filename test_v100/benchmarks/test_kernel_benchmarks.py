@@ -81,3 +81,18 @@ def test_graph_capture_benchmark_work_runs_on_cpu():
     out = make_work(3, 16, torch.device("cpu"))()
     assert out.shape == (1, 16) and out.dtype == torch.half
     assert bool((out >= 0).all() and (out <= 2).all())  # abs, then clamp(max=2)
+
+
+def test_tuner_merge_keeps_the_batch_sizes_not_retuned(monkeypatch, tmp_path):
+    from benchmarks.kernels.tune_paged_attention import merged_table, parse_args
+    from vllm_volta.kernel_configs import load_kernel_config_table, write_kernel_config
+
+    assert parse_args(["--merge"]).merge and not parse_args([]).merge
+    monkeypatch.setenv("VLLM_VOLTA_KERNEL_CONFIG_DIR", str(tmp_path))
+    shape = dict(head_size=128, num_kv_heads=8, dtype=torch.float16)
+    old = {1: {"partition_size": 128, "num_threads": 256}, 64: {"partition_size": 1024, "num_threads": 128}}
+    write_kernel_config("paged_attention_decode", old, device_name="Test GPU", **shape)
+    current = load_kernel_config_table("paged_attention_decode", device_name="Test GPU", **shape)
+    tuned = {64: {"partition_size": 512, "num_threads": 256}, 256: {"partition_size": 1024, "num_threads": 64}}
+    assert merged_table(current, tuned) == {1: old[1], **tuned}
+    assert merged_table(None, tuned) == tuned  # no table in effect: this run's entries only
