@@ -11,6 +11,8 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -62,10 +64,34 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
 // then, per (threads, shared memory) asked, how many blocks are resident on an SM.
 struct TcDevice {
   int max_threads = 0;  // 0 = not asked yet; -1 = the kernel cannot run here
-  int max_smem = 0;
+  int max_smem = 0;     // a block's shared memory limit (opt-in), bytes
+  int64_t sm_smem = 0;  // > 0: an emulated older SM's shared memory (below)
   int num_sms = 0;
   std::map<std::pair<int64_t, int64_t>, int> resident;
 };
+
+// With VLLM_VOLTA_DEVICE_CAPABILITY below the device's own (Volta mode on a newer GPU), the
+// tensor-core launch is planned within that capability's shared memory per SM (96 KiB on SM70,
+// 64 KiB on SM75, the occupancy calculator's figures): a block larger than that is not launched
+// (the CUDA-core kernel runs, as it would on that GPU), and blocks per SM count as if the SM had
+// no more. So Volta mode picks the launches a V100 would; it still runs them at this GPU's
+// occupancy. 0 when unset or not below this device's.
+int64_t emulated_sm_smem(int device) {
+  const char* value = std::getenv("VLLM_VOLTA_DEVICE_CAPABILITY");
+  if (value == nullptr) return 0;
+  int major = 0, minor = 0;
+  if (std::sscanf(value, "%d.%d", &major, &minor) != 2) {  // "7.0", else "70"
+    if (major < 10) return 0;
+    minor = major % 10;
+    major /= 10;
+  }
+  int64_t smem = 0;
+  if (major == 7) smem = (minor == 5 ? 64 : 96) * 1024;
+  if (major == 8) smem = (minor == 0 || minor == 7 ? 164 : 100) * 1024;
+  int real = 0;
+  cudaDeviceGetAttribute(&real, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  return smem < real ? smem : 0;
+}
 
 // A block's fixed cost (queries, block-table reads, the first tile's latency, the epilogue)
 // in context tokens, for comparing launches that split the context differently.
@@ -105,15 +131,16 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     cudaDeviceGetAttribute(&dev.num_sms, cudaDevAttrMultiProcessorCount, device);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem) != cudaSuccess)
       dev.max_smem = 48 * 1024;  // the default limit needs no opt-in
+    dev.sm_smem = emulated_sm_smem(device);
   }
   if (partition_size % kTcTile != 0 || tuned_threads > dev.max_threads) return {};
   auto resident = [&](int64_t threads, int64_t smem) {
-    if (smem > dev.max_smem) return 0;
+    if (smem > dev.max_smem || (dev.sm_smem > 0 && smem > dev.sm_smem)) return 0;
     auto [it, added] = dev.resident.try_emplace({threads, smem}, 0);
     if (added && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, static_cast<int>(threads),
                                                                static_cast<size_t>(smem)) != cudaSuccess)
       it->second = 0;
-    return it->second;
+    return dev.sm_smem > 0 ? std::min<int>(it->second, static_cast<int>(dev.sm_smem / smem)) : it->second;
   };
   auto smem_of = [&](int64_t threads, int64_t size) {
     return tc_smem_bytes(D, static_cast<int>(threads / 32), static_cast<int>(size), static_cast<int>(hpb));

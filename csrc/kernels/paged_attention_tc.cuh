@@ -4,7 +4,8 @@
 //  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
 //     flight at once; the next tile's loads are issued before this tile's MMAs; a whole tile
 //     is addressed from two block-table reads, not one shuffled slot per row) and computes
-//     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero) x K^T; its hpb real
+//     the 8 x 32 block of scores Q (8 query heads, rows past hpb zero; held in registers as MMA
+//     operands for the whole partition; two accumulators, even / odd k) x K^T; its hpb real
 //     rows go to the FP32 scores [hpb][partition] (through the warp's free tile buffer, so
 //     the partition-long buffer holds no zero rows: less shared memory, more blocks per SM);
 //  2. softmax over the partition (one warp per head);
@@ -130,6 +131,10 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   // ---- 1. scores = Q K^T (unscaled), [8][P] ----
   // Both loops are software-pipelined: the next tile's loads are issued as soon as this
   // tile is in shared memory, so they are in flight during the MMAs.
+  // The queries as MMA operands, loaded once (not once per tile).
+  wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> qf[D / 16];
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(qf[k], q_s + k * 16, D);
   const int num_tiles = (n + kTcTile - 1) / kTcTile;
   uint4 vals[VR];
   if (warp < num_tiles) load_rows(vals, k_base, warp * kTcTile);
@@ -137,16 +142,19 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     store_rows(vals);
     __syncwarp();
     if (tile + num_warps < num_tiles) load_rows(vals, k_base, (tile + num_warps) * kTcTile);
-    wmma::fragment<wmma::accumulator, kTcRows, kTcTile, 16, float> acc;
+    // Two accumulators (even / odd k) halve the dependent MMA chain.
+    wmma::fragment<wmma::accumulator, kTcRows, kTcTile, 16, float> acc, acc_odd;
     wmma::fill_fragment(acc, 0.f);
+    wmma::fill_fragment(acc_odd, 0.f);
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
-      wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> a;
       wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::col_major> b;
-      wmma::load_matrix_sync(a, q_s + k * 16, D);
       wmma::load_matrix_sync(b, stage + k * 16, LDS);
-      wmma::mma_sync(acc, a, b, acc);
+      if (k % 2 == 0) wmma::mma_sync(acc, qf[k], b, acc);
+      else wmma::mma_sync(acc_odd, qf[k], b, acc_odd);
     }
+#pragma unroll
+    for (int e = 0; e < acc.num_elements; ++e) acc.x[e] += acc_odd.x[e];
     // The 8 x 32 block goes through the warp's tile buffer (free once every lane's MMA
     // inputs are loaded); only the hpb real rows are kept.
     float* block = reinterpret_cast<float*>(stage);

@@ -4,7 +4,10 @@ their argument checks (Meta kernels: run on CPU too)."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -136,6 +139,47 @@ def test_split_contexts_repeat_and_replay_in_a_graph():
         seq_lens.copy_(torch.tensor(lens))
         graph.replay()
         check(lens)
+
+
+_KERNEL_NAMES_SCRIPT = """
+import math, torch
+from torch.profiler import ProfilerActivity, profile
+from vllm_volta import _custom_ops as ops
+d, heads, kv_heads, block_size, n = 256, 8, 2, 16, 2000
+cache = torch.randn(2, n // block_size + 1, block_size, kv_heads, d, dtype=torch.half, device="cuda")
+table = torch.arange(n // block_size + 1, dtype=torch.int32, device="cuda")[None]
+q = torch.randn(1, heads, d, dtype=torch.half, device="cuda")
+out = torch.empty_like(q)
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    ops.paged_attention_decode(out, q, cache, table, torch.tensor([n], dtype=torch.int32, device="cuda"),
+                               1 / math.sqrt(d), n, 2048, 128)
+    torch.cuda.synchronize()
+print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key}))
+"""
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_volta_mode_plans_tensor_core_launches_within_a_v100_sm():
+    # Head size 256, one 2048-token partition, 4 warps: ~107 KiB of shared memory, more than an
+    # SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the
+    # CUDA-core kernel instead, as a V100 would; with the device's own capability, the
+    # tensor-core kernel (on GPUs whose SM has the room).
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 110 * 1024:
+        pytest.skip("the device's SM has no room for the large launch")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def kernels(capability):
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_VOLTA_DEVICE_CAPABILITY"}
+        env.update({"VLLM_VOLTA_DEVICE_CAPABILITY": capability} if capability else {})
+        res = subprocess.run([sys.executable, "-c", _KERNEL_NAMES_SCRIPT], env=env, capture_output=True,
+                             text=True, cwd=root)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert "paged_attention_decode_tc_kernel" in kernels(None)
+    volta = kernels("7.0")
+    assert "paged_attention_decode_kernel" in volta and "_tc_kernel" not in volta
 
 
 @pytest.mark.gpu
