@@ -1,6 +1,6 @@
 // Host launcher for paged-attention decode (device code: kernels/paged_attention.cuh).
 // Launch parameters (partition_size, num_threads) come from the caller, which looks them
-// up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 tensor-core path
+// up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 / BF16 tensor-core path
 // may lengthen the partition or use fewer warps per block to balance the grid's waves
 // (plan_tc_launch).
 #include "attention_checks.h"
@@ -116,10 +116,10 @@ struct TcLaunch {
 // its bandwidth: a wave takes (blocks per SM) x (partition + fixed block cost), slower in
 // proportion when the SM holds fewer warps than the tuned launch does. The tuned launch wins
 // ties; a grid of one wave keeps it (the tuner measured it).
-template <int D>
+template <typename T, int D>
 TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
                         int64_t tuned_parts, int64_t tuned_threads, int64_t hpb) {
-  auto kernel = paged_attention_decode_tc_kernel<D>;
+  auto kernel = paged_attention_decode_tc_kernel<T, D>;
   static std::mutex mutex;
   static TcDevice per_device[64];
   std::lock_guard<std::mutex> lock(mutex);
@@ -197,12 +197,16 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
 
   const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
   const int64_t blocks_per_partition = a.num_heads / hpb * a.num_seqs;
-  TcLaunch tc;  // FP16 runs on tensor cores when the launch fits (plan_tc_launch)
-  if (query.scalar_type() == ScalarType::Half)
+  TcLaunch tc;  // FP16 / BF16 run on tensor cores when the launch fits (plan_tc_launch)
+  auto plan = [&](auto type_tag) {
     dispatch_head_size(d, [&](auto d_tag) {
-      tc = plan_tc_launch<decltype(d_tag)::value>(query.get_device_index(), blocks_per_partition, max_seq_len,
-                                                  partition_size, a.num_partitions, num_threads, hpb);
+      tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(
+          query.get_device_index(), blocks_per_partition, max_seq_len, partition_size, a.num_partitions,
+          num_threads, hpb);
     });
+  };
+  if (query.scalar_type() == ScalarType::Half) plan(TypeTag<__half>{});
+  if (query.scalar_type() == ScalarType::BFloat16) plan(TypeTag<__nv_bfloat16>{});
   const int64_t part_size = tc.smem > 0 ? tc.partition_size : partition_size;
   const int64_t num_partitions = tc.smem > 0 ? tc.num_partitions : a.num_partitions;
 
@@ -233,12 +237,12 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     const unsigned threads = static_cast<unsigned>(num_threads);
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
-      if constexpr (std::is_same_v<T, __half>) {
+      if constexpr (!std::is_same_v<T, float>) {
         if (tc.smem > 0) {
           const unsigned tc_threads = static_cast<unsigned>(tc.threads);
-          paged_attention_decode_tc_kernel<D><<<grid, tc_threads, static_cast<size_t>(tc.smem), stream>>>(
-              out_ptr, part_out, part_max, part_sum, static_cast<const __half*>(query.data_ptr()),
-              static_cast<const __half*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+          paged_attention_decode_tc_kernel<T, D><<<grid, tc_threads, static_cast<size_t>(tc.smem), stream>>>(
+              out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
+              static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
               static_cast<const int*>(seq_lens.data_ptr()), params);
           return;
         }

@@ -1,6 +1,7 @@
-// Paged-attention decode on tensor cores (device code only), FP16: the same contract, grid
-// and partition scratch as paged_attention_decode_kernel (paged_attention.cuh), with both
-// products done by WMMA m8n32k16 (FP16 inputs, FP32 accumulation; SM70 and newer):
+// Paged-attention decode on tensor cores (device code only), FP16 (SM70+) and BF16 (SM80+):
+// the same contract, grid and partition scratch as paged_attention_decode_kernel
+// (paged_attention.cuh), with both products done by WMMA m8n32k16 (16-bit inputs, FP32
+// accumulation):
 //  1. each warp stages 32 context tokens' key rows in shared memory (16-byte loads, all in
 //     flight at once; the next tile's loads are issued before this tile's MMAs; a whole tile
 //     is addressed from two block-table reads, not one shuffled slot per row) and computes
@@ -9,7 +10,7 @@
 //     rows go to the FP32 scores [hpb][partition] (through the warp's free tile buffer, so
 //     the partition-long buffer holds no zero rows: less shared memory, more blocks per SM);
 //  2. softmax over the partition (one warp per head);
-//  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 and
+//  3. each warp stages 32 value rows, converts its 8 x 32 probabilities to FP16 / BF16 and
 //     accumulates P x V into 8 x D FP32 fragments; the warps' partial outputs are summed in
 //     shared memory.
 // No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
@@ -41,13 +42,13 @@ __host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partit
          + 4LL * 2 * kTcRows;                                // max, sum per head
 }
 
-template <int D>
-__global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float* __restrict__ part_out,
-                                                 float* __restrict__ part_max, float* __restrict__ part_sum,
-                                                 const __half* __restrict__ query,
-                                                 const __half* __restrict__ kv_cache,
-                                                 const int* __restrict__ block_table,
-                                                 const int* __restrict__ seq_lens, PagedDecodeParams p) {
+// The kernel's body for T = __half (SM70+) or __nv_bfloat16 (SM80+).
+template <typename T, int D>
+__device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, float* __restrict__ part_out,
+                                                          float* __restrict__ part_max, float* __restrict__ part_sum,
+                                                          const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                                          const int* __restrict__ block_table,
+                                                          const int* __restrict__ seq_lens, const PagedDecodeParams& p) {
   namespace wmma = nvcuda::wmma;
   constexpr int LDS = tc_stage_stride(D);
   constexpr int VR = D / 8;  // 16-byte vectors per row
@@ -66,14 +67,14 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   const int SP = tc_score_stride(p.partition_size);
 
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  __half* q_s = reinterpret_cast<__half*>(tc_smem);
+  T* q_s = reinterpret_cast<T*>(tc_smem);
   float* scores = reinterpret_cast<float*>(q_s + kTcRows * D);
-  __half* stage_all = reinterpret_cast<__half*>(scores + hpb * SP);  // 32-byte aligned: SP % 8 == 0
-  __half* probs_all = stage_all + num_warps * kTcTile * LDS;
+  T* stage_all = reinterpret_cast<T*>(scores + hpb * SP);  // 32-byte aligned: SP % 8 == 0
+  T* probs_all = stage_all + num_warps * kTcTile * LDS;
   float* s_max = reinterpret_cast<float*>(probs_all + num_warps * kTcRows * kTcProbStride);
   float* s_sum = s_max + kTcRows;
-  __half* stage = stage_all + warp * kTcTile * LDS;
-  __half* probs = probs_all + warp * kTcRows * kTcProbStride;
+  T* stage = stage_all + warp * kTcTile * LDS;
+  T* probs = probs_all + warp * kTcRows * kTcProbStride;
 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int idx = threadIdx.x; idx < kTcRows * VR; idx += blockDim.x) {
@@ -85,23 +86,23 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
 
   const int* bt = block_table + seq * p.bt_stride;
   const int64_t token_stride = static_cast<int64_t>(p.num_kv_heads) * D;
-  const __half* k_base = kv_cache + kv_head * D;
-  const __half* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
+  const T* k_base = kv_cache + kv_head * D;
+  const T* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
 
   // Rows i0 .. i0 + 31 of one cache half, as this lane's VR 16-byte vectors of the tile
   // (rows past n: zeros). A whole tile with block_size a multiple of 16 is two runs of 16
   // consecutive slots (the tile starts at a multiple of 32 tokens): two block-table reads
   // and plain address arithmetic. Otherwise lane l finds the cache slot of row l and shares it.
   const bool runs16 = p.block_size % 16 == 0;
-  auto load_rows = [&](uint4 (&vals)[VR], const __half* half_base, int i0) {
+  auto load_rows = [&](uint4 (&vals)[VR], const T* cache_half, int i0) {
     if (runs16 && i0 + kTcTile <= n) {
       const int t0 = start + i0, t1 = t0 + 16;
-      const __half* run0 = half_base + static_cast<int64_t>(bt[t0 / p.block_size] * p.block_size + t0 % p.block_size) * token_stride;
-      const __half* run1 = half_base + static_cast<int64_t>(bt[t1 / p.block_size] * p.block_size + t1 % p.block_size) * token_stride;
+      const T* run0 = cache_half + static_cast<int64_t>(bt[t0 / p.block_size] * p.block_size + t0 % p.block_size) * token_stride;
+      const T* run1 = cache_half + static_cast<int64_t>(bt[t1 / p.block_size] * p.block_size + t1 % p.block_size) * token_stride;
 #pragma unroll
       for (int r = 0; r < VR; ++r) {
         const int v = lane + 32 * r, row = v / VR;
-        const __half* src = (row < 16 ? run0 + row * token_stride : run1 + (row - 16) * token_stride) + (v % VR) * 8;
+        const T* src = (row < 16 ? run0 + row * token_stride : run1 + (row - 16) * token_stride) + (v % VR) * 8;
         vals[r] = *reinterpret_cast<const uint4*>(src);
       }
       return;
@@ -116,7 +117,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     for (int r = 0; r < VR; ++r) {
       const int v = lane + 32 * r;
       const int s = __shfl_sync(0xffffffffu, slot, v / VR);
-      vals[r] = s >= 0 ? *reinterpret_cast<const uint4*>(half_base + s * token_stride + (v % VR) * 8) : zero;
+      vals[r] = s >= 0 ? *reinterpret_cast<const uint4*>(cache_half + s * token_stride + (v % VR) * 8) : zero;
     }
   };
   auto store_rows = [&](const uint4 (&vals)[VR]) {
@@ -132,7 +133,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
   // Both loops are software-pipelined: the next tile's loads are issued as soon as this
   // tile is in shared memory, so they are in flight during the MMAs.
   // The queries as MMA operands, loaded once (not once per tile).
-  wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> qf[D / 16];
+  wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, T, wmma::row_major> qf[D / 16];
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(qf[k], q_s + k * 16, D);
   const int num_tiles = (n + kTcTile - 1) / kTcTile;
@@ -148,7 +149,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     wmma::fill_fragment(acc_odd, 0.f);
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
-      wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::col_major> b;
+      wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, T, wmma::col_major> b;
       wmma::load_matrix_sync(b, stage + k * 16, LDS);
       if (k % 2 == 0) wmma::mma_sync(acc, qf[k], b, acc);
       else wmma::mma_sync(acc_odd, qf[k], b, acc_odd);
@@ -196,16 +197,16 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     if (tile + num_warps < num_tiles) load_rows(vals, v_base, (tile + num_warps) * kTcTile);
     for (int idx = lane; idx < kTcRows * kTcTile; idx += 32) {
       const int h = idx / kTcTile, t = idx % kTcTile, i = tile * kTcTile + t;
-      probs[h * kTcProbStride + t] = __float2half(h < hpb && i < n ? scores[h * SP + i] : 0.f);
+      probs[h * kTcProbStride + t] = Convert<T>::from_float(h < hpb && i < n ? scores[h * SP + i] : 0.f);
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kTcTile / 16; ++k) {
-      wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, __half, wmma::row_major> a;
+      wmma::fragment<wmma::matrix_a, kTcRows, kTcTile, 16, T, wmma::row_major> a;
       wmma::load_matrix_sync(a, probs + k * 16, kTcProbStride);
 #pragma unroll
       for (int c = 0; c < D / kTcTile; ++c) {
-        wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, __half, wmma::row_major> b;
+        wmma::fragment<wmma::matrix_b, kTcRows, kTcTile, 16, T, wmma::row_major> b;
         wmma::load_matrix_sync(b, stage + k * 16 * LDS + c * kTcTile, LDS);
         wmma::mma_sync(o[c], a, b, o[c]);
       }
@@ -224,7 +225,7 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
     for (int w = 0; w < num_warps; ++w) o_sum += red[w * kTcRows * D + idx];
     const int h = idx / D;
     if (p.num_partitions == 1) {
-      out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] = __float2half(o_sum / s_sum[h]);
+      out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] = Convert<T>::from_float(o_sum / s_sum[h]);
     } else {
       const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + blockIdx.z;
       part_out[row * D + idx % D] = o_sum;
@@ -234,6 +235,18 @@ __global__ void paged_attention_decode_tc_kernel(__half* __restrict__ out, float
       }
     }
   }
+}
+
+template <typename T, int D>
+__global__ void paged_attention_decode_tc_kernel(T* __restrict__ out, float* __restrict__ part_out,
+                                                 float* __restrict__ part_max, float* __restrict__ part_sum,
+                                                 const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                                 const int* __restrict__ block_table,
+                                                 const int* __restrict__ seq_lens, PagedDecodeParams p) {
+  if constexpr (arch_supports<T>::value)
+    paged_attention_decode_tc<T, D>(out, part_out, part_max, part_sum, query, kv_cache, block_table, seq_lens, p);
+  else
+    __trap();  // bf16 below SM80: refused by the host before launching
 }
 
 }  // namespace vllm_volta

@@ -75,7 +75,11 @@ DECODE_CASES = [
     (torch.float16, 256, 8, 1, [1500], 1024, 512),
     (torch.float32, 128, 8, 2, [31, 700], 512, 128),
     (torch.float32, 256, 4, 4, [65], 64, 64),
+    # BF16 on tensor cores (SM80+), then on CUDA cores (a partition of half tiles)
     (torch.bfloat16, 128, 32, 8, [100, 900], 512, 128),
+    (torch.bfloat16, 128, 12, 2, [5, 300, 1024], 256, 96),
+    (torch.bfloat16, 64, 9, 3, [3, 40, 129], 32, 128),
+    (torch.bfloat16, 128, 32, 8, [70, 400], 48, 128),
 ]
 
 

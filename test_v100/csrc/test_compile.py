@@ -65,8 +65,8 @@ NVRTC_UNITS = {
         for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256)
         for hpb, exact in ((1, "true"), (8, "true"), (8, "false"))
     ] + [f"&vllm_volta::paged_attention_reduce_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
-    "kernels/paged_attention_tc.cuh": [f"&vllm_volta::paged_attention_decode_tc_kernel<{d}>"
-                                       for d in (64, 96, 128, 256)],
+    "kernels/paged_attention_tc.cuh": [f"&vllm_volta::paged_attention_decode_tc_kernel<{t}, {d}>"
+                                       for t in ("__half", "__nv_bfloat16") for d in (64, 96, 128, 256)],
     "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
                           for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],
     "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}, {cache}>"
