@@ -64,19 +64,17 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
 // then, per (threads, shared memory) asked, how many blocks are resident on an SM.
 struct TcDevice {
   int max_threads = 0;  // 0 = not asked yet; -1 = the kernel cannot run here
-  int max_smem = 0;     // a block's shared memory limit (opt-in), bytes
-  int64_t sm_smem = 0;  // > 0: an emulated older SM's shared memory (below)
+  int max_smem = 0;  // a block's shared memory limit (opt-in), bytes
   int num_sms = 0;
   std::map<std::pair<int64_t, int64_t>, int> resident;
 };
 
-// With VLLM_VOLTA_DEVICE_CAPABILITY below the device's own (Volta mode on a newer GPU), the
-// tensor-core launch is planned within that capability's shared memory per SM (96 KiB on SM70,
-// 64 KiB on SM75, the occupancy calculator's figures): a block larger than that is not launched
-// (the CUDA-core kernel runs, as it would on that GPU), and blocks per SM count as if the SM had
-// no more. So Volta mode picks the launches a V100 would; it still runs them at this GPU's
-// occupancy. 0 when unset or not below this device's.
-int64_t emulated_sm_smem(int device) {
+// With VLLM_VOLTA_DEVICE_CAPABILITY below the device's own (Volta mode on a newer GPU), a
+// tensor-core block may use no more shared memory than an SM of that capability has (96 KiB on
+// SM70, 64 KiB on SM75: the occupancy calculator's figures); a larger one is not launched and the
+// CUDA-core kernel runs, as on that GPU. Blocks per SM still come from this GPU. The limit in
+// bytes, or 0 when unset or not below this device's.
+int emulated_block_smem_limit(int device) {
   const char* value = std::getenv("VLLM_VOLTA_DEVICE_CAPABILITY");
   if (value == nullptr) return 0;
   int major = 0, minor = 0;
@@ -85,7 +83,7 @@ int64_t emulated_sm_smem(int device) {
     minor = major % 10;
     major /= 10;
   }
-  int64_t smem = 0;
+  int smem = 0;
   if (major == 7) smem = (minor == 5 ? 64 : 96) * 1024;
   if (major == 8) smem = (minor == 0 || minor == 7 ? 164 : 100) * 1024;
   int real = 0;
@@ -131,16 +129,16 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     cudaDeviceGetAttribute(&dev.num_sms, cudaDevAttrMultiProcessorCount, device);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem) != cudaSuccess)
       dev.max_smem = 48 * 1024;  // the default limit needs no opt-in
-    dev.sm_smem = emulated_sm_smem(device);
+    if (const int emulated = emulated_block_smem_limit(device)) dev.max_smem = std::min(dev.max_smem, emulated);
   }
   if (partition_size % kTcTile != 0 || tuned_threads > dev.max_threads) return {};
   auto resident = [&](int64_t threads, int64_t smem) {
-    if (smem > dev.max_smem || (dev.sm_smem > 0 && smem > dev.sm_smem)) return 0;
+    if (smem > dev.max_smem) return 0;
     auto [it, added] = dev.resident.try_emplace({threads, smem}, 0);
     if (added && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, static_cast<int>(threads),
                                                                static_cast<size_t>(smem)) != cudaSuccess)
       it->second = 0;
-    return dev.sm_smem > 0 ? std::min<int>(it->second, static_cast<int>(dev.sm_smem / smem)) : it->second;
+    return it->second;
   };
   auto smem_of = [&](int64_t threads, int64_t size) {
     return tc_smem_bytes(D, static_cast<int>(threads / 32), static_cast<int>(size), static_cast<int>(hpb));
@@ -175,6 +173,18 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     }
   }
   return best;
+}
+
+// num_threads, or the most whole warps below it that `kernel`'s registers allow (e.g. the
+// CUDA-core kernel for bf16 and 8 heads per block cannot have 512 threads); it runs with any
+// number of warps. Asked once per kernel.
+template <auto Kernel>
+unsigned fitted_threads(int64_t num_threads) {
+  static const int64_t max_threads = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess ? attr.maxThreadsPerBlock / 32 * 32 : 1024;
+  }();
+  return static_cast<unsigned>(std::min(num_threads, max_threads));
 }
 
 }  // namespace
@@ -234,7 +244,6 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     T* out_ptr = static_cast<T*>(out.data_ptr());
     const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
                     static_cast<unsigned>(num_partitions));
-    const unsigned threads = static_cast<unsigned>(num_threads);
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
       if constexpr (!std::is_same_v<T, float>) {
@@ -251,7 +260,8 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
         constexpr int HPB = decltype(hpb_tag)::value;
         constexpr bool EXACT = decltype(exact_tag)::value;
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
-        paged_attention_decode_kernel<T, D, HPB, EXACT><<<grid, threads, smem, stream>>>(
+        constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
+        kernel<<<grid, fitted_threads<kernel>(num_threads), smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
             static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
             static_cast<const int*>(seq_lens.data_ptr()), params);

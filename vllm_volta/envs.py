@@ -127,8 +127,8 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "VLLM_VOLTA_DEVICE_CAPABILITY",
             "Pretend the GPU has this compute capability (7.0, 7.5, 8.0, 9.0...): dtype, attention "
-            "backends and custom all-reduce follow it, and the tensor-core decode attention plans "
-            "its launches within that capability's shared memory per SM. For testing the Volta "
+            "backends and custom all-reduce follow it, and the tensor-core decode attention keeps "
+            "its blocks within that capability's shared memory per SM. For testing the Volta "
             "path on newer GPUs and for drivers that misreport. Unset: ask the device.",
             parse_device_capability,
         ),

@@ -79,7 +79,8 @@ DECODE_CASES = [
     (torch.bfloat16, 128, 32, 8, [100, 900], 512, 128),
     (torch.bfloat16, 128, 12, 2, [5, 300, 1024], 256, 96),
     (torch.bfloat16, 64, 9, 3, [3, 40, 129], 32, 128),
-    (torch.bfloat16, 128, 32, 8, [70, 400], 48, 128),
+    # (512 threads asked: more than the bf16 kernel's registers allow; the launcher fits them)
+    (torch.bfloat16, 128, 12, 2, [70, 400], 48, 512),
 ]
 
 
@@ -164,12 +165,16 @@ print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key})
 
 @pytest.mark.gpu
 @requires_gpu
-def test_volta_mode_plans_tensor_core_launches_within_a_v100_sm():
+def test_volta_mode_keeps_tensor_core_blocks_within_a_v100_sm():
     # Head size 256, one 2048-token partition, 4 warps: ~107 KiB of shared memory, more than an
     # SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the
     # CUDA-core kernel instead, as a V100 would; with the device's own capability, the
     # tensor-core kernel (on GPUs whose SM has the room).
-    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 110 * 1024:
+    props = torch.cuda.get_device_properties(0)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is None:  # older torch: the capabilities whose SM has >= 164 KiB
+        optin = 160 * 1024 if (props.major, props.minor) in ((8, 0), (8, 7)) or props.major >= 9 else 0
+    if optin < 110 * 1024:
         pytest.skip("the device's SM has no room for the large launch")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
