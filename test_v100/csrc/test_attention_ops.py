@@ -150,14 +150,14 @@ _KERNEL_NAMES_SCRIPT = """
 import math, torch
 from torch.profiler import ProfilerActivity, profile
 from vllm_volta import _custom_ops as ops
-d, heads, kv_heads, block_size, n = 256, 8, 2, 16, 2000
+d, heads, kv_heads, block_size, n = 256, 16, 2, 16, 1000
 cache = torch.randn(2, n // block_size + 1, block_size, kv_heads, d, dtype=torch.half, device="cuda")
 table = torch.arange(n // block_size + 1, dtype=torch.int32, device="cuda")[None]
 q = torch.randn(1, heads, d, dtype=torch.half, device="cuda")
 out = torch.empty_like(q)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     ops.paged_attention_decode(out, q, cache, table, torch.tensor([n], dtype=torch.int32, device="cuda"),
-                               1 / math.sqrt(d), n, 2048, 128)
+                               1 / math.sqrt(d), n, 1024, 128)
     torch.cuda.synchronize()
 print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key}))
 """
@@ -166,8 +166,8 @@ print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key})
 @pytest.mark.gpu
 @requires_gpu
 def test_volta_mode_keeps_tensor_core_blocks_within_a_v100_sm():
-    # Head size 256, one 2048-token partition, 4 warps: ~107 KiB of shared memory, more than an
-    # SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the
+    # Head size 256, 8 heads per block, one 1024-token partition, 4 warps: ~105 KiB of shared
+    # memory, more than an SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the
     # CUDA-core kernel instead, as a V100 would; with the device's own capability, the
     # tensor-core kernel (on GPUs whose SM has the room).
     props = torch.cuda.get_device_properties(0)
