@@ -5,7 +5,9 @@ request or a failed step never stops the loop, and shutdown is clean."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -186,3 +188,66 @@ def test_shutdown(engine):
             await final_output(async_llm, "Hello", greedy(2), "late")
 
     asyncio.run(main())
+
+
+class FanOutEngine:
+    """Fake engine: once `go` is set, each step gives every request one output; a request
+    finishes after `steps` of them."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.counts: dict[str, int] = {}
+        self.go = threading.Event()
+
+    def add_request(self, request_id, prompt, params) -> None:
+        self.counts[request_id] = 0
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.counts)
+
+    def abort_request(self, request_ids) -> None:
+        for rid in request_ids:
+            self.counts.pop(rid, None)
+
+    def step(self):
+        if not self.go.wait(0.01):
+            return []
+        outputs = []
+        for rid in list(self.counts):
+            self.counts[rid] += 1
+            finished = self.counts[rid] == self.steps
+            outputs.append(SimpleNamespace(request_id=rid, finished=finished, outputs=[], error=None))
+            if finished:
+                del self.counts[rid]
+        return outputs
+
+
+def test_one_loop_wakeup_delivers_a_whole_step():
+    # 8 streams x 3 steps: the engine thread wakes the event loop once per step (not once per
+    # request and step), and every stream still gets each of its outputs in order.
+    engine = FanOutEngine(steps=3)
+    async_llm = AsyncLLM(engine)
+
+    async def main():
+        streams = await asyncio.gather(*(async_llm.add_request(f"r{i}", [1], None) for i in range(8)))
+        loop = asyncio.get_running_loop()
+        calls = []
+        schedule = loop.call_soon_threadsafe
+
+        def counting(callback, *args, **kwargs):
+            calls.append(callback)
+            return schedule(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting
+        engine.go.set()
+        finished = []
+        for stream in streams:
+            finished.append([out.finished async for out in stream])
+        return calls, finished
+
+    try:
+        calls, finished = asyncio.run(main())
+    finally:
+        async_llm.shutdown()
+    assert finished == [[False, False, True]] * 8
+    assert len(calls) == 3

@@ -79,10 +79,22 @@ class RequestStream:
             self._done = True
             self._llm.abort(self.request_id)
 
-    def _put(self, item: Any) -> None:
-        # Called from the engine thread.
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
+    # On the event loop: one wakeup delivers a whole step's outputs.
+    for stream, item in items:
+        stream._queue.put_nowait(item)
+
+
+def _deliver(items: list[tuple[RequestStream, Any]]) -> None:
+    """Hand (stream, output or exception) pairs from the engine thread to their event loops,
+    one call_soon_threadsafe (one wakeup of the loop) per loop, not one per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
+    for stream, item in items:
+        by_loop.setdefault(stream._loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_put_all, batch)
 
 
 _STOP = object()
@@ -253,6 +265,7 @@ class AsyncLLM:
         now = time.monotonic()
         # Refresh before delivering, so a consumer that sees an output sees its KV usage.
         self._stats = self._read_stats()
+        delivered = []
         for out in outputs:
             stream = self._requests.get(out.request_id)
             if stream is None:  # aborted meanwhile
@@ -263,7 +276,8 @@ class AsyncLLM:
                 logger.exception("stat logger failed")
             if out.finished:
                 del self._requests[out.request_id]
-            stream._put(out)
+            delivered.append((stream, out))
+        _deliver(delivered)
 
     def _record_timing(self, state: RequestStream, out: Any, now: float) -> None:
         if not self.stat_loggers:
@@ -283,8 +297,7 @@ class AsyncLLM:
             state.last_token_time = now
 
     def _fail_all(self, exc: BaseException) -> None:
-        for stream in self._requests.values():
-            stream._put(exc)
+        _deliver([(stream, exc) for stream in self._requests.values()])
         self._requests.clear()
 
     def _fail_queued_adds(self) -> None:
