@@ -11,6 +11,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -175,16 +176,20 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
   return best;
 }
 
-// num_threads, or the most whole warps below it that `kernel`'s registers allow (e.g. the
-// CUDA-core kernel for bf16 and 8 heads per block cannot have 512 threads); it runs with any
-// number of warps. Asked once per kernel.
+// num_threads, or the most whole warps below it that Kernel's registers allow on `device`
+// (e.g. the CUDA-core kernel for bf16 and 8 heads per block cannot have 512 threads); the
+// kernel runs with any number of warps. Asked once per kernel and device.
 template <auto Kernel>
-unsigned fitted_threads(int64_t num_threads) {
-  static const int64_t max_threads = [] {
+unsigned fitted_threads(int device, int64_t num_threads) {
+  static std::atomic<int> max_threads[64];  // 0: not asked yet
+  std::atomic<int>& known = max_threads[device % 64];
+  int limit = known.load(std::memory_order_relaxed);
+  if (limit == 0) {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess ? attr.maxThreadsPerBlock / 32 * 32 : 1024;
-  }();
-  return static_cast<unsigned>(std::min(num_threads, max_threads));
+    limit = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess ? attr.maxThreadsPerBlock / 32 * 32 : 1024;
+    known.store(limit, std::memory_order_relaxed);
+  }
+  return static_cast<unsigned>(std::min<int64_t>(num_threads, limit));
 }
 
 }  // namespace
@@ -261,7 +266,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
         constexpr bool EXACT = decltype(exact_tag)::value;
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
         constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
-        kernel<<<grid, fitted_threads<kernel>(num_threads), smem, stream>>>(
+        kernel<<<grid, fitted_threads<kernel>(query.get_device_index(), num_threads), smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
             static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
             static_cast<const int*>(seq_lens.data_ptr()), params);
