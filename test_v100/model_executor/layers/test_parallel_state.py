@@ -43,6 +43,7 @@ def _tp_worker(rank: int, folder: str, init_file: str) -> None:
         assert model.model.layers[0].self_attn.qkv_proj.num_heads == 2
         hf = transformers.AutoModelForCausalLM.from_pretrained(folder).float().eval()
         check_mixed_batch(model, hf)
+        dist.barrier()  # both ranks done communicating before either tears its group down
     finally:
         dist.destroy_process_group()
 
