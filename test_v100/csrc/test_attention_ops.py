@@ -167,9 +167,9 @@ print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key})
 @requires_gpu
 def test_volta_mode_keeps_tensor_core_blocks_within_a_v100_sm():
     # Head size 256, 8 heads per block, one 1024-token partition, 4 warps: ~105 KiB of shared
-    # memory, more than an SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the
-    # CUDA-core kernel instead, as a V100 would; with the device's own capability, the
-    # tensor-core kernel (on GPUs whose SM has the room).
+    # memory, more than an SM70 SM has (96 KiB). With VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the
+    # launcher must run the CUDA-core kernel instead, as a V100 would; with the device's own
+    # capability, the tensor-core kernel (on GPUs whose SM has the room).
     props = torch.cuda.get_device_properties(0)
     optin = getattr(props, "shared_memory_per_block_optin", None)
     if optin is None:  # older torch: the capabilities whose SM has >= 164 KiB
