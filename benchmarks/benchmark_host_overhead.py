@@ -26,34 +26,15 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.phase_timer import PhaseTimer  # noqa: E402
 from benchmarks.utils import log, resolve_model, run_and_emit  # noqa: E402
 
 PHASES = ("schedule", "prepare", "forward", "sample", "output")
-
-
-class PhaseTimer:
-    """Accumulates perf_counter time of wrapped callables per phase (for the current step)."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, float] = defaultdict(float)
-
-    def wrap(self, obj: Any, attr: str, phase: str) -> None:
-        inner: Callable[..., Any] = getattr(obj, attr)
-        current = self.current
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                current[phase] += time.perf_counter() - t0
-
-        setattr(obj, attr, timed)
 
 
 def build_engine(args: argparse.Namespace, max_num_seqs: int) -> Any:

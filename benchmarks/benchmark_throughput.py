@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.backends import iter_runners, offline_result  # noqa: E402
 from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
                                  finalize_model_args)
+from benchmarks.phase_timer import STEP_PHASES, StepRecord  # noqa: E402
 from benchmarks.utils import log, random_token_prompts, ratio, run_and_emit, timed  # noqa: E402
 
 _RATIO_KEYS = ("requests_per_second", "output_tokens_per_second", "tokens_per_second")
@@ -37,7 +38,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="batch size of the transformers reference generate")
     parser.add_argument("--step-stats", action="store_true",
                         help="also report the engine's steps: how many ran prompt tokens "
-                             "(prefill) or only decodes, and their wall time")
+                             "(prefill) or only decodes, their wall time and their host time "
+                             "by phase (schedule, launch, wait for the device, finish)")
     parser.add_argument("--output-json", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     check_positive(args, "input_len", "output_len", "num_prompts", "hf_batch_size")
@@ -62,14 +64,18 @@ def throughput_metrics(elapsed: float, prompts: Sequence[Sequence[int]],
     }
 
 
-def step_stats(steps: Sequence[tuple[bool, float]]) -> dict[str, dict[str, float | int | None]]:
-    """Count and wall time of the steps that ran prompt tokens and of the decode-only ones."""
-    out: dict[str, dict[str, float | int | None]] = {}
+def step_stats(steps: Sequence[StepRecord]) -> dict[str, dict[str, Any]]:
+    """Count and wall time of the steps that ran prompt tokens and of the decode-only ones,
+    and their mean host time by phase (phase_timer.STEP_PHASES)."""
+    out: dict[str, dict[str, Any]] = {}
     for name, prefill in (("prefill_steps", True), ("decode_steps", False)):
-        times = [seconds for is_prefill, seconds in steps if is_prefill == prefill]
+        kind = [(seconds, phases) for is_prefill, seconds, phases in steps if is_prefill == prefill]
+        times = [seconds for seconds, _ in kind]
         out[name] = {"count": len(times), "seconds": sum(times),
                      "ms_mean": 1e3 * statistics.fmean(times) if times else None,
-                     "ms_median": 1e3 * statistics.median(times) if times else None}
+                     "ms_median": 1e3 * statistics.median(times) if times else None,
+                     "host_ms_mean": {p: 1e3 * statistics.fmean(ph.get(p, 0.0) for _, ph in kind)
+                                      for p in STEP_PHASES} if kind else None}
     return out
 
 
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runner.generate(warmup, min(4, args.output_len))
         log(f"{runner.name}: {len(prompts)} prompts x ({args.input_len} in, "
             f"{args.output_len} out)")
-        steps: list[tuple[bool, float]] | None = None
+        steps: list[StepRecord] | None = None
         kwargs = {}
         if args.step_stats and runner.name == "vllm-volta":
             steps = kwargs["step_times"] = []

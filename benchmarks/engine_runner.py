@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from benchmarks.phase_timer import PhaseTimer, StepRecord, instrument_steps
 from benchmarks.utils import log, parse_dtype
 
 
@@ -38,6 +39,7 @@ class EngineRunner:
         self.engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
         self.temperature = temperature
         self._ids = itertools.count()
+        self._timer: PhaseTimer | None = None  # step phases, once generate records steps
 
     @property
     def dtype(self) -> torch.dtype:
@@ -52,11 +54,12 @@ class EngineRunner:
                               max_tokens=output_len, detokenize=False)
 
     def generate(self, prompts: Sequence[Sequence[int]], output_len: int,
-                 step_times: list[tuple[bool, float]] | None = None) -> list[int]:
+                 step_times: list[StepRecord] | None = None) -> list[int]:
         """Add every prompt, step until all finish; returns each request's output length.
 
-        With `step_times`, appends (prefill, seconds) per engine step: whether the step had
-        prompt tokens to run, and its wall time (with async scheduling, one step period).
+        With `step_times`, appends (prefill, seconds, phases) per engine step: whether the
+        step had prompt tokens to run, its wall time (with async scheduling, one step period)
+        and its host time by phase_timer.STEP_PHASES, in seconds.
         """
         params = self.sampling_params(output_len)
         request_ids = []
@@ -65,15 +68,18 @@ class EngineRunner:
             self.engine.add_request(request_id, list(prompt), params)
             request_ids.append(request_id)
         lengths: dict[str, int] = {}
+        if step_times is not None and self._timer is None:
+            self._timer = instrument_steps(self.engine)
         while self.engine.has_unfinished_requests():
             if step_times is not None:
                 prefill = prefill_pending(self.engine.scheduler)
+                self._timer.current.clear()
                 t0 = time.perf_counter()
             # Only finished outputs are read: skip building the others every step.
             for out in self.engine.step(finished_only=True):
                 lengths[out.request_id] = len(out.outputs[0].token_ids)
             if step_times is not None:
-                step_times.append((prefill, time.perf_counter() - t0))
+                step_times.append((prefill, time.perf_counter() - t0, dict(self._timer.current)))
         return [lengths[r] for r in request_ids]
 
     def close(self) -> None:

@@ -89,6 +89,12 @@ def test_step_stats_split_prefill_and_decode_steps():
     assert 0 < total <= ours["elapsed_time"]
     decode = stats["decode_steps"]
     assert decode["ms_mean"] == pytest.approx(1e3 * decode["seconds"] / 4)
+    for kind in stats.values():
+        host = kind["host_ms_mean"]
+        assert list(host) == ["schedule", "launch", "wait", "finish"]
+        # Every phase ran in every step, inside the step's wall time.
+        assert all(v > 0 for v in host.values()), host
+        assert sum(host.values()) <= kind["ms_mean"]
 
 
 @pytest.mark.parametrize("async_flag", [[], ["--async-scheduling"]], ids=["sync", "async"])

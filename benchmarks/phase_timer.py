@@ -1,0 +1,67 @@
+"""Host time per engine phase, by wrapping methods on instances (the engine carries no timing
+code).
+
+``instrument_steps`` splits an ``LLMEngine.step`` into:
+
+    schedule   Scheduler.schedule
+    launch     the executor's execute_model_async: inputs built, the model's kernels (or
+               CUDA graph) and sampling queued
+    wait       the host waiting for a launched step's sampled ids (the device still busy)
+    finish     the rest of applying a step's output: stop rules, outputs (wait excluded)
+
+With async scheduling a step launches one batch and then finishes the batch before it, so
+``wait`` near zero means the device idled while the host worked (host-bound steps), and a
+large ``wait`` means the host was ahead of the device.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+STEP_PHASES = ("schedule", "launch", "wait", "finish")
+# One engine step: (ran prompt tokens, wall seconds, host seconds by STEP_PHASES).
+StepRecord = tuple[bool, float, dict[str, float]]
+
+
+class PhaseTimer:
+    """Accumulates perf_counter time of wrapped callables per phase (for the current step:
+    clear ``current`` before each)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj: Any, attr: str, phase: str) -> None:
+        inner: Callable[..., Any] = getattr(obj, attr)
+        current = self.current
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                current[phase] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+
+def instrument_steps(engine: Any) -> PhaseTimer:
+    """Time `engine`'s steps by STEP_PHASES (seconds in ``timer.current``)."""
+    timer = PhaseTimer()
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(engine.executor, "execute_model_async", "launch")
+    finish_step = engine._finish_step
+    current = timer.current
+
+    def finish(sched_out: Any, launched: Any, *args: Any) -> Any:
+        # The launched step's result() is where the host waits for the device.
+        timer.wrap(launched, "result", "wait")
+        t0 = time.perf_counter()
+        waited = current["wait"]
+        try:
+            return finish_step(sched_out, launched, *args)
+        finally:
+            current["finish"] += time.perf_counter() - t0 - (current["wait"] - waited)
+
+    engine._finish_step = finish
+    return timer
