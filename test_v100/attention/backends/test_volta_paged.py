@@ -155,6 +155,30 @@ def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size, pre
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["prefill", "prefix-hit", "mixed"])
+@pytest.mark.parametrize("prefill_kernel", ["chosen", "efficient"])
+def test_forward_never_waits_for_the_device(case, prefill_kernel):
+    """With async scheduling a step is launched while the one before runs on the GPU, so no op
+    of the forward may synchronize with the device (torch's sync debug mode raises on one):
+    the host would wait for all queued work, and the GPU then idle while the host launches.
+    (Run on the H200 in both modes: repeat_interleave with a repeat count, which the
+    memory-efficient path uses for grouped-query heads, does not synchronize in torch 2.11.)"""
+    num_heads, num_kv_heads, head_size = 12, 2, 128
+    ours, _ = _layers(num_heads, num_kv_heads, head_size)
+    if prefill_kernel == "efficient":
+        ours.impl.prefill_kernel = "efficient"
+    ours(*_inputs(CASES[case], num_heads, num_kv_heads, head_size, torch.float16))  # kernel choice
+    q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, torch.float16, seed=1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ours(q, k, v, cache, md)  # a new metadata: its plan is built under the check too
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_replays_in_a_cuda_graph():
     """Capture one decode step with max_seq_len = max_model_len, then replay it for other
     lengths and blocks copied into the same buffers: output == eager TORCH_SDPA."""
