@@ -46,7 +46,8 @@ def build_engine(args: argparse.Namespace, max_num_seqs: int) -> Any:
         dtype=args.dtype, seed=args.seed, max_num_seqs=max_num_seqs,
         max_model_len=args.input_len + args.output_len, disable_log_stats=True,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.input_len),
-        cpu_kvcache_space=args.cpu_kvcache_space, enforce_eager=args.enforce_eager)
+        cpu_kvcache_space=args.cpu_kvcache_space, enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling)
     return LLMEngine.from_engine_args(engine_args)
 
 
@@ -118,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--cpu-kvcache-space", type=float, default=1.0)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="schedule step n+1 while step n runs (the GPU benchmarks' setting)")
     parser.add_argument("--no-finished-only", dest="finished_only", action="store_false",
                         help="build a RequestOutput for every advanced request every step "
                              "(streaming); default: finished ones only (LLM.generate)")
