@@ -18,3 +18,12 @@ def test_reports_decode_steps_and_phases(capsys):
         assert set(phases) == set(PHASES) and all(v >= 0 for v in phases.values())
         assert phases["forward"] > 0 and phases["schedule"] > 0 and phases["sample"] > 0
         assert math.isclose(sum(phases.values()), r["step_ms_mean"], rel_tol=1e-6)
+
+
+def test_async_scheduling_runs_the_overlapped_path(capsys):
+    doc = main(["--batch-sizes", "3", "--input-len", "4", "--output-len", "6", "--async-scheduling"])
+    (r,) = doc["results"]
+    # One step call more than without it: the last one only applies the step launched before.
+    assert r["decode_steps"] == 6
+    assert r["num_outputs"] == 3
+    assert math.isclose(sum(r["phases_ms_mean"].values()), r["step_ms_mean"], rel_tol=1e-6)
