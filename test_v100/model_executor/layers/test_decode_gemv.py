@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from vllm_volta.model_executor.layers.activation import SiluAndMul
 from vllm_volta.model_executor.layers.decode_gemv import (add_linear_, gemv_applies, gemv_enabled, linear,
-                                                          rope_cache_linear, silu_and_mul_linear)
+                                                          rope_cache_linear, silu_and_mul_linear,
+                                                          split_silu_and_mul_linear)
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import RowParallelLinear
@@ -87,6 +88,20 @@ def test_silu_and_mul_linear_matches_the_two_steps(device, rows, use_gemv, monke
     gate_up = (x.double() @ w.double().t() + b.double()).half()
     expected = (F.silu(gate_up[:, :48].float()).half().float() * gate_up[:, 48:].float()).half()
     torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_gate_up_matches_silu_and_mul_of_the_merged_product(with_bias, dtype):
+    """The V100 adapter build's path: two GEMMs and a contiguous silu * up, against the merged
+    product and the silu_and_mul op (its CPU kernel is the adapter's composition)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 64, generator=g).to(dtype)
+    w = (torch.randn(2 * 24, 64, generator=g) / 8).to(dtype)
+    b = torch.randn(2 * 24, generator=g).to(dtype) if with_bias else None
+    expected = SiluAndMul()(F.linear(x, w, b))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(split_silu_and_mul_linear(x, w, b), expected, **tol)
 
 
 def _counting(monkeypatch, name):

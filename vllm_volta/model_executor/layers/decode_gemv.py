@@ -23,6 +23,7 @@ limit here, although the kernel takes up to 4.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -96,7 +97,33 @@ def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)
         ops.gemv_silu_and_mul(out, x, weight, bias, **args)
         return out
-    return act_fn(F.linear(x if norm is None else norm(x), weight, bias))
+    x = x if norm is None else norm(x)
+    if x.is_cuda and _adapter_build():
+        return split_silu_and_mul_linear(x, weight, bias)
+    return act_fn(F.linear(x, weight, bias))
+
+
+def split_silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """silu(x W_gate^T) * (x W_up^T) as two GEMMs into separate tensors, then ATen's silu and
+    mul over contiguous rows. For the V100 adapter, whose silu_and_mul reads the strided
+    halves of one [T, 2d] product (ATen's non-vectorized path). The activation is rounded to
+    the input dtype before the product, as in silu_and_mul."""
+    d = weight.shape[0] // 2
+    gate = F.linear(x, weight[:d], None if bias is None else bias[:d])
+    up = F.linear(x, weight[d:], None if bias is None else bias[d:])
+    return F.silu(gate, inplace=True).mul_(up)
+
+
+@functools.cache
+def _adapter_build() -> bool:
+    """Whether the CUDA ops are the V100 adapter's ATen compositions (a build for < SM80 only)."""
+    from vllm_volta import _C
+
+    adapter = bool(getattr(_C, "V100_ADAPTER", False))
+    if adapter:
+        logger.info("V100 adapter build: gate/up projections as two GEMMs, so the gated activation "
+                    "reads contiguous rows")
+    return adapter
 
 
 def rope_cache_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_gemv: bool,
