@@ -1,8 +1,7 @@
 // Host launcher for paged-attention decode (device code: kernels/paged_attention.cuh).
 // Launch parameters (partition_size, num_threads) come from the caller, which looks them
 // up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 / BF16 tensor-core path
-// may lengthen the partition or use fewer warps per block to balance the grid's waves
-// (plan_tc_launch).
+// uses fewer warps per block when the tuned block does not fit the SM (plan_tc_launch).
 #include "attention_checks.h"
 #include "cuda_launch.h"
 #include "kernels/paged_attention_tc.cuh"
@@ -14,7 +13,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -59,15 +57,12 @@ void dispatch_heads_bound(int64_t hpb, F&& f) {
   }
 }
 
-// What a device allows paged_attention_decode_tc_kernel<D>, asked once per device (not per
-// launch): the threads a block can have with the kernel's register count (512 may not fit),
-// the shared memory a block may use (the kernel opts in to all of it at once) and the SMs;
-// then, per (threads, shared memory) asked, how many blocks are resident on an SM.
+// What a device allows paged_attention_decode_tc_kernel<T, D>, asked once per device (not per
+// launch): the threads a block can have with the kernel's register count (512 may not fit) and
+// the shared memory a block may use (the kernel opts in to all of it at once).
 struct TcDevice {
   int max_threads = 0;  // 0 = not asked yet; -1 = the kernel cannot run here
   int max_smem = 0;  // a block's shared memory limit (opt-in), bytes
-  int num_sms = 0;
-  std::map<std::pair<int64_t, int64_t>, int> resident;
 };
 
 // With VLLM_VOLTA_DEVICE_CAPABILITY below the device's own (Volta mode on a newer GPU), a
@@ -92,32 +87,20 @@ int emulated_block_smem_limit(int device) {
   return smem < real ? smem : 0;
 }
 
-// A block's fixed cost (queries, block-table reads, the first tile's latency, the epilogue)
-// in context tokens, for comparing launches that split the context differently.
-constexpr int64_t kTcBlockOverheadTokens = 64;
-
 struct TcLaunch {
   int64_t smem = 0;  // 0: the tensor-core kernel cannot run this launch
-  int64_t partition_size = 0;
-  int64_t num_partitions = 0;
   int64_t threads = 0;
 };
 
-// The tensor-core launch for the tuned (partition_size, threads), which split the context into
-// tuned_parts partitions, or none when the partition is not whole 32-token tiles or the
-// block's threads or shared memory do not fit the device.
-// Wave balancing: the grid's blocks run in waves of (resident blocks per SM x SMs), and a
-// last wave that is mostly empty costs as much as a full one (e.g. 1000 sequences x 2 KV
-// heads with 128-thread blocks: 2000 blocks = 5.05 waves of 396 on an H200). When the tuned
-// grid spans more than one wave, the launch may use longer partitions (up to twice the tuned
-// size: fewer blocks) or fewer warps per block (down to 2: more resident blocks), whichever
-// split is predicted fastest. The kernel streams the cache, so an SM's resident blocks share
-// its bandwidth: a wave takes (blocks per SM) x (partition + fixed block cost), slower in
-// proportion when the SM holds fewer warps than the tuned launch does. The tuned launch wins
-// ties; a grid of one wave keeps it (the tuner measured it).
+// The tensor-core launch for the tuned (partition_size, threads): those threads, or as many
+// whole warps below them (down to 2) as the kernel's registers and the block's shared memory
+// allow (the shared memory grows with the warps: each stages its own tile); none when the
+// partition is not whole 32-token tiles or no block fits, and the CUDA-core kernel runs.
+// The grid runs as tuned: an earlier launcher rebalanced it into fuller waves of resident
+// blocks, and measured against the exact launches it was slower (H200, 1000 x 640-token
+// contexts, 2 KV heads: 191.5 us where the tuned launch takes 174.3 us; README_v100 section 5).
 template <typename T, int D>
-TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
-                        int64_t tuned_parts, int64_t tuned_threads, int64_t hpb) {
+TcLaunch plan_tc_launch(int device, int64_t partition_size, int64_t threads, int64_t hpb) {
   auto kernel = paged_attention_decode_tc_kernel<T, D>;
   static std::mutex mutex;
   static TcDevice per_device[64];
@@ -125,55 +108,18 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
   TcDevice& dev = per_device[device % 64];
   if (dev.max_threads == 0) {
     cudaFuncAttributes attr{};
-    dev.max_threads = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock : -1;
+    dev.max_threads = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.maxThreadsPerBlock / 32 * 32 : -1;
     cudaDeviceGetAttribute(&dev.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaDeviceGetAttribute(&dev.num_sms, cudaDevAttrMultiProcessorCount, device);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.max_smem) != cudaSuccess)
       dev.max_smem = 48 * 1024;  // the default limit needs no opt-in
     if (const int emulated = emulated_block_smem_limit(device)) dev.max_smem = std::min(dev.max_smem, emulated);
   }
-  if (partition_size % kTcTile != 0 || tuned_threads > dev.max_threads) return {};
-  auto resident = [&](int64_t threads, int64_t smem) {
-    if (smem > dev.max_smem) return 0;
-    auto [it, added] = dev.resident.try_emplace({threads, smem}, 0);
-    if (added && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, static_cast<int>(threads),
-                                                               static_cast<size_t>(smem)) != cudaSuccess)
-      it->second = 0;
-    return it->second;
-  };
-  auto smem_of = [&](int64_t threads, int64_t size) {
-    return tc_smem_bytes(D, static_cast<int>(threads / 32), static_cast<int>(size), static_cast<int>(hpb));
-  };
-  const int64_t tuned_smem = smem_of(tuned_threads, partition_size);
-  const int tuned_per_sm = resident(tuned_threads, tuned_smem);
-  if (tuned_per_sm == 0) return {};
-  const TcLaunch tuned{tuned_smem, partition_size, tuned_parts, tuned_threads};
-  const int64_t slots = static_cast<int64_t>(dev.num_sms) * tuned_per_sm;
-  if (blocks_per_partition * tuned_parts <= slots) return tuned;
-
-  const double tuned_warps = static_cast<double>(tuned_per_sm * tuned_threads / 32);
-  TcLaunch best;
-  double best_cost = 0.0;
-  for (int64_t threads = tuned_threads; threads >= 64; threads -= 32) {
-    for (int64_t parts = tuned_parts; parts >= std::max<int64_t>(ceil_div(tuned_parts, 2), tuned_parts - 15);
-         --parts) {
-      const int64_t size =
-          parts == tuned_parts ? partition_size : ceil_div(ceil_div(max_seq_len, parts), kTcTile) * kTcTile;
-      if (parts != tuned_parts && ceil_div(max_seq_len, size) != parts) continue;
-      const int64_t smem = smem_of(threads, size);
-      const int per_sm = resident(threads, smem);
-      if (per_sm == 0) continue;
-      const int64_t waves = ceil_div(blocks_per_partition * parts, static_cast<int64_t>(per_sm) * dev.num_sms);
-      const double warps = static_cast<double>(per_sm * threads / 32);
-      const double cost = std::max(1.0, tuned_warps / warps) *
-                          static_cast<double>(waves * per_sm * (std::min(size, max_seq_len) + kTcBlockOverheadTokens));
-      if (best.smem == 0 || cost < best_cost) {
-        best = {smem, size, parts, threads};
-        best_cost = cost;
-      }
-    }
+  if (partition_size % kTcTile != 0) return {};
+  for (int64_t t = std::min<int64_t>(threads, dev.max_threads); t >= 64; t -= 32) {
+    const int64_t smem = tc_smem_bytes(D, static_cast<int>(t / 32), static_cast<int>(partition_size), static_cast<int>(hpb));
+    if (smem <= dev.max_smem) return {smem, t};
   }
-  return best;
+  return {};
 }
 
 // num_threads, or the most whole warps below it that Kernel's registers allow on `device`
@@ -211,19 +157,16 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   const int64_t d = a.cache.head_size;
 
   const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
-  const int64_t blocks_per_partition = a.num_heads / hpb * a.num_seqs;
-  TcLaunch tc;  // FP16 / BF16 run on tensor cores when the launch fits (plan_tc_launch)
+  TcLaunch tc;  // FP16 / BF16 run on tensor cores when a block fits (plan_tc_launch)
   auto plan = [&](auto type_tag) {
     dispatch_head_size(d, [&](auto d_tag) {
-      tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(
-          query.get_device_index(), blocks_per_partition, max_seq_len, partition_size, a.num_partitions,
-          num_threads, hpb);
+      tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(query.get_device_index(),
+                                                                                     partition_size, num_threads, hpb);
     });
   };
   if (query.scalar_type() == ScalarType::Half) plan(TypeTag<__half>{});
   if (query.scalar_type() == ScalarType::BFloat16) plan(TypeTag<__nv_bfloat16>{});
-  const int64_t part_size = tc.smem > 0 ? tc.partition_size : partition_size;
-  const int64_t num_partitions = tc.smem > 0 ? tc.num_partitions : a.num_partitions;
+  const int64_t num_partitions = a.num_partitions;
 
   // fp32 scratch for split contexts: [seqs, heads, partitions] x (D outputs + max + sum).
   float* part_out = nullptr;
@@ -240,7 +183,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   }
   const PagedDecodeParams params{static_cast<int>(a.num_heads), static_cast<int>(a.cache.num_kv_heads),
                                  static_cast<int>(hpb), static_cast<int>(a.cache.block_size),
-                                 static_cast<int>(part_size), static_cast<int>(num_partitions), q_stride,
+                                 static_cast<int>(partition_size), static_cast<int>(num_partitions), q_stride,
                                  block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
                                  static_cast<float>(scale)};
 
@@ -264,7 +207,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
       dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
         constexpr int HPB = decltype(hpb_tag)::value;
         constexpr bool EXACT = decltype(exact_tag)::value;
-        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
+        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(partition_size, D);
         constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
         kernel<<<grid, fitted_threads<kernel>(query.get_device_index(), num_threads), smem, stream>>>(
             out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
@@ -276,7 +219,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
       paged_attention_reduce_kernel<T><<<grid, 128, 0, stream>>>(
           out_ptr, part_out, part_max, part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
-          static_cast<int>(part_size), static_cast<int>(num_partitions));
+          static_cast<int>(partition_size), static_cast<int>(num_partitions));
     }
   });
   check_launch(op);

@@ -30,7 +30,7 @@ from vllm_volta.kernel_configs import load_kernel_config_table, write_kernel_con
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # 1024: max_num_seqs on >= 70 GiB GPUs
 PARTITION_SIZES = (32, 64, 128, 256, 512, 1024)
-NUM_THREADS = (64, 128, 256, 512)
+NUM_THREADS = (64, 128, 192, 256, 512)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -3,6 +3,7 @@ their argument checks (Meta kernels: run on CPU too)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -66,9 +67,8 @@ DECODE_CASES = [
     (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 2 blocks of 6 heads per KV head
     (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
-    # a grid of several waves: the launcher may lengthen the partitions (not a power of two)
+    # grids of several waves of resident blocks
     (torch.float16, 128, 32, 8, [1100] * 40 + [5, 700], 256, 128),
-    # 2000 blocks of one partition: the launcher may give blocks fewer warps (more per SM)
     (torch.float16, 128, 12, 2, [40] * 999 + [700], 1024, 128),
     # FP16 on CUDA cores: a partition of half tiles; a tensor-core tile set past shared memory
     (torch.float16, 128, 32, 8, [70, 400], 48, 128),
@@ -146,8 +146,8 @@ def test_split_contexts_repeat_and_replay_in_a_graph():
         check(lens)
 
 
-_KERNEL_NAMES_SCRIPT = """
-import math, torch
+_DECODE_LAUNCH_SCRIPT = """
+import json, math, sys, torch
 from torch.profiler import ProfilerActivity, profile
 from vllm_volta import _custom_ops as ops
 d, heads, kv_heads, block_size, n = 256, 16, 2, 16, 1000
@@ -159,33 +159,37 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     ops.paged_attention_decode(out, q, cache, table, torch.tensor([n], dtype=torch.int32, device="cuda"),
                                1 / math.sqrt(d), n, 1024, 128)
     torch.cuda.synchronize()
-print(sorted({e.key for e in prof.key_averages() if "paged_attention" in e.key}))
+prof.export_chrome_trace(sys.argv[1])
+events = json.load(open(sys.argv[1]))["traceEvents"]
+print(json.dumps([[e["name"], e["args"]["block"][0]] for e in events
+                  if e.get("cat") == "kernel" and "paged_attention" in e["name"]]))
 """
 
 
 @pytest.mark.gpu
 @requires_gpu
-def test_volta_mode_keeps_tensor_core_blocks_within_a_v100_sm():
+def test_tensor_core_blocks_fit_the_emulated_sm(tmp_path):
     # Head size 256, 8 heads per block, one 1024-token partition, 4 warps: 107,328 bytes of
     # shared memory (tc_smem_bytes), more than an SM70 SM has (96 KiB). With
-    # VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must run the CUDA-core kernel instead, as a
-    # V100 would; with the device's own capability, the tensor-core kernel where a block may
-    # have that much (H100/H200, A100), else the CUDA-core kernel too.
+    # VLLM_VOLTA_DEVICE_CAPABILITY=7.0 the launcher must give the block 3 warps (89,792 bytes),
+    # as on a V100; with 7.5 (64 KiB) not even 2 warps fit (72,256 bytes) and the CUDA-core
+    # kernel runs. With the device's own capability: 4 warps where a block may have 107,328
+    # bytes (H100/H200, A100).
     fits_natively = torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 107_328
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def kernels(capability):
+    def launches(capability):
         env = {k: v for k, v in os.environ.items() if k != "VLLM_VOLTA_DEVICE_CAPABILITY"}
         env.update({"VLLM_VOLTA_DEVICE_CAPABILITY": capability} if capability else {})
-        res = subprocess.run([sys.executable, "-c", _KERNEL_NAMES_SCRIPT], env=env, capture_output=True,
-                             text=True, cwd=root)
+        res = subprocess.run([sys.executable, "-c", _DECODE_LAUNCH_SCRIPT, str(tmp_path / "trace.json")],
+                             env=env, capture_output=True, text=True, cwd=root)
         assert res.returncode == 0, res.stderr
-        return res.stdout
+        return [("tc" if "_tc_kernel" in name else "cuda_core", threads)
+                for name, threads in json.loads(res.stdout.splitlines()[-1])]
 
-    native = kernels(None)
-    assert ("_tc_kernel" in native) == fits_natively and "paged_attention_decode" in native
-    volta = kernels("7.0")
-    assert "paged_attention_decode_kernel" in volta and "_tc_kernel" not in volta
+    assert launches(None) == ([("tc", 128)] if fits_natively else [("cuda_core", 128)])
+    assert launches("7.0") == [("tc", 96)]
+    assert launches("7.5") == [("cuda_core", 128)]
 
 
 @pytest.mark.gpu
