@@ -9,6 +9,10 @@ namespace vllm_volta {
 // Head sizes the paged decode kernel is instantiated for (csrc/attention_kernels.cu).
 inline bool paged_attention_supports_head_size(int64_t d) { return d == 64 || d == 96 || d == 128 || d == 256; }
 
+// The longest partition_size the decode op takes (the CUDA-core kernel keeps a partition's
+// scores in shared memory without opting in to more than 48 KiB).
+constexpr int64_t kMaxPartitionSize = 1024;
+
 struct KVCacheLayout {
   int64_t num_blocks;
   int64_t block_size;
@@ -104,8 +108,8 @@ inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& 
   VLLM_VOLTA_CHECK(max_seq_len >= 0 && max_seq_len <= block_table.size(1) * cache.block_size, op,
                   ": 'max_seq_len' must be in [0, ", block_table.size(1) * cache.block_size,
                   "] (block_table columns x block_size), got ", max_seq_len);
-  VLLM_VOLTA_CHECK(partition_size >= 16 && partition_size <= 1024 && partition_size % 16 == 0, op,
-                  ": 'partition_size' must be a multiple of 16 in [16, 1024], got ", partition_size);
+  VLLM_VOLTA_CHECK(partition_size >= 16 && partition_size <= kMaxPartitionSize && partition_size % 16 == 0, op,
+                  ": 'partition_size' must be a multiple of 16 in [16, ", kMaxPartitionSize, "], got ", partition_size);
   VLLM_VOLTA_CHECK(num_threads % 32 == 0 && num_threads >= 64 && num_threads <= 512, op,
                   ": 'num_threads' must be a multiple of 32 in [64, 512], got ", num_threads);
   const int64_t num_partitions = max_seq_len <= partition_size ? 1 : (max_seq_len + partition_size - 1) / partition_size;

@@ -67,8 +67,10 @@ DECODE_CASES = [
     (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 2 blocks of 6 heads per KV head
     (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
-    # grids of several waves of resident blocks
+    # grids of several waves of resident blocks; at the longest tuned partition the launcher may
+    # split the context into fewer, longer partitions (2 of 1504 tokens here)
     (torch.float16, 128, 32, 8, [1100] * 40 + [5, 700], 256, 128),
+    (torch.float16, 128, 32, 8, [3000] * 40 + [5, 2500], 1024, 192),
     (torch.float16, 128, 12, 2, [40] * 999 + [700], 1024, 128),
     # FP16 on CUDA cores: a partition of half tiles; a tensor-core tile set past shared memory
     (torch.float16, 128, 32, 8, [70, 400], 48, 128),
