@@ -33,6 +33,21 @@ def test_allocate_grows_block_table_and_free_returns_blocks(make_request):
     assert kv.get_num_free_blocks() == 8 and kv.get_block_ids(req.request_id) == []
 
 
+def test_a_block_table_handed_out_stays_as_it_was(make_request):
+    # A step's scheduled table is the manager's list itself (no copy per request per step):
+    # later allocations must replace it, not extend it.
+    kv = KVCacheManager(num_blocks=9, block_size=4)
+    req = make_request(range(8))
+    kv.allocate_slots(req, 8)
+    before = kv.get_block_ids(req.request_id)
+    snapshot = list(before)
+    req.num_computed_tokens = 8
+    req.append_output_token_ids([5])
+    assert len(kv.allocate_slots(req, 1)) == 1
+    assert before == snapshot and kv.get_block_ids(req.request_id)[:2] == snapshot
+    assert len(kv.get_block_ids(req.request_id)) == 3
+
+
 def test_allocation_failure_changes_nothing(make_request):
     kv = KVCacheManager(num_blocks=4, block_size=4)
     a = make_request(range(8))

@@ -123,10 +123,12 @@ class KVCacheManager:
             return None
         self.pool.touch(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(0, num_new_blocks))
-        ids = self._req_to_block_ids.setdefault(request.request_id, [])
-        for added in (new_computed_blocks, new_blocks):
-            req_blocks.extend(added)
-            ids.extend(b.block_id for b in added)
+        req_blocks.extend(new_computed_blocks)
+        req_blocks.extend(new_blocks)
+        # A new list, never an in-place extend: get_block_ids hands the list out uncopied.
+        self._req_to_block_ids[request.request_id] = (
+            self._req_to_block_ids.get(request.request_id, [])
+            + [b.block_id for b in new_computed_blocks] + [b.block_id for b in new_blocks])
         if self.enable_caching:
             self._cache_full_blocks(request, req_blocks, total_tokens)
         return new_blocks
@@ -157,8 +159,10 @@ class KVCacheManager:
         self.pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table (a copy)."""
-        return list(self._req_to_block_ids.get(request_id, ()))
+        """The request's block table. Not a copy, but never changed in place (an allocation
+        replaces the list), so a step's scheduled table stays as it was; callers must not
+        modify it."""
+        return self._req_to_block_ids.get(request_id, [])
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
