@@ -139,8 +139,13 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     return tc_smem_bytes(D, static_cast<int>(threads / 32), static_cast<int>(size), static_cast<int>(hpb));
   };
   TcLaunch tuned;
-  for (int64_t t = std::min<int64_t>(tuned_threads, dev.max_threads); t >= 64 && tuned.smem == 0; t -= 32)
-    if (smem_of(t, partition_size) <= dev.max_smem) tuned = {smem_of(t, partition_size), partition_size, tuned_parts, t};
+  for (int64_t t = std::min<int64_t>(tuned_threads, dev.max_threads); t >= 64; t -= 32) {
+    const int64_t smem = smem_of(t, partition_size);
+    if (smem <= dev.max_smem) {
+      tuned = {smem, partition_size, tuned_parts, t};
+      break;
+    }
+  }
   if (tuned.smem == 0 || partition_size < kMaxPartitionSize || tuned_parts == 1) return tuned;
 
   auto resident = [&](int64_t threads, int64_t smem) {
@@ -165,9 +170,10 @@ TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_se
     const TcLaunch longer{smem_of(tuned.threads, size), size, parts, tuned.threads};
     if (ceil_div(max_seq_len, size) != parts || longer.smem > dev.max_smem) continue;
     const int per_sm = resident(longer.threads, longer.smem);
-    if (per_sm > 0 && cost(longer, per_sm) < best_cost) {
+    if (per_sm == 0) continue;
+    if (const double c = cost(longer, per_sm); c < best_cost) {
       best = longer;
-      best_cost = cost(longer, per_sm);
+      best_cost = c;
     }
   }
   return best;

@@ -27,6 +27,12 @@ def has_cuda_kernel(op: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op}", "CUDA")
 
 
+def v100_adapter_build() -> bool:
+    """Whether the CUDA ops are the V100 adapter's ATen compositions (a CUDA build whose target
+    archs are all below SM80)."""
+    return bool(getattr(_ext, "V100_ADAPTER", False))
+
+
 def cuda_bf16_kernels_built() -> bool:
     """Whether this build has bfloat16 CUDA kernels: a CUDA build with a target arch >= 8.0
     (below that the bf16 instances are compiled out). The V100 adapter's ops do not need them."""

@@ -116,10 +116,8 @@ def split_silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch
 
 @functools.cache
 def _adapter_build() -> bool:
-    """Whether the CUDA ops are the V100 adapter's ATen compositions (a build for < SM80 only)."""
-    from vllm_volta import _C
-
-    adapter = bool(getattr(_C, "V100_ADAPTER", False))
+    """ops.v100_adapter_build(), asked once (this runs per MLP call), logging the choice."""
+    adapter = ops.v100_adapter_build()
     if adapter:
         logger.info("V100 adapter build: gate/up projections as two GEMMs, so the gated activation "
                     "reads contiguous rows")
