@@ -62,6 +62,9 @@ def instrument_steps(engine: Any) -> PhaseTimer:
             return finish_step(sched_out, launched, *args)
         finally:
             current["finish"] += time.perf_counter() - t0 - (current["wait"] - waited)
+            # The wrapper refers to `launched` (a cycle): drop it, or every step's output
+            # would wait for the garbage collector.
+            del launched.result
 
     engine._finish_step = finish
     return timer

@@ -75,3 +75,40 @@ def test_instrument_steps_splits_wait_from_finish(async_scheduling):
         assert phases["finish"] < 0.03
     for wall, phases in steps:
         assert sum(phases.values()) <= wall
+
+
+def test_instrumented_steps_leave_no_reference_cycle_behind():
+    """Each step's output is freed by reference counting, not left for the collector."""
+    import gc
+    import weakref
+
+    pytest.importorskip("vllm_volta.engine.llm_engine")
+    from benchmarks.engine_runner import EngineRunner
+    from benchmarks.utils import resolve_model
+
+    runner = EngineRunner({"model": resolve_model(None, "tiny-llama"), "load_format": "dummy",
+                           "dtype": "float32", "max_model_len": 64, "skip_tokenizer_init": True,
+                           "async_scheduling": True})
+    engine = runner.engine
+    instrument_steps(engine)
+    launch = engine.executor.execute_model_async
+    launched = []
+
+    def tracked_launch(*args, **kwargs):
+        pending = launch(*args, **kwargs)
+        launched.append(weakref.ref(pending))
+        return pending
+
+    engine.executor.execute_model_async = tracked_launch
+    engine.add_request("r", [1, 2, 3], runner.sampling_params(4))
+    gc.disable()
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+        held = engine._in_flight[1] if engine._in_flight is not None else None
+        alive = [ref() for ref in launched if ref() is not None and ref() is not held]
+        assert len(launched) >= 4
+        assert alive == []
+    finally:
+        gc.enable()
+        runner.close()

@@ -251,10 +251,10 @@ def test_failed_step_leaves_no_stale_prefix_cache(tiny):
     assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 8)
 
 
-def test_engine_raises_the_gc_young_threshold_never_lowers_it(tiny):
+def test_engine_raises_the_gc_young_threshold(tiny):
     import gc
 
-    from vllm_volta.engine.llm_engine import GC_YOUNG_THRESHOLD, raise_gc_threshold
+    from vllm_volta.engine.gc_policy import GC_YOUNG_THRESHOLD
 
     saved = gc.get_threshold()
     try:
@@ -262,11 +262,29 @@ def test_engine_raises_the_gc_young_threshold_never_lowers_it(tiny):
         engine = make_engine(tiny["llama"][0])
         assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10)
         engine.shutdown()
-        gc.set_threshold(50_000, 5, 3)
-        raise_gc_threshold()
-        assert gc.get_threshold() == (50_000, 5, 3)
-        gc.set_threshold(0, 10, 10)  # automatic collection off: left off
-        raise_gc_threshold()
-        assert gc.get_threshold() == (0, 10, 10)
     finally:
         gc.set_threshold(*saved)
+
+
+def test_engine_freezes_its_startup_heap_until_the_last_engine_shuts_down(tiny, monkeypatch):
+    import gc
+
+    from vllm_volta.engine import gc_policy
+
+    gc.unfreeze()  # engines other tests left open hold a freeze: start from none
+    monkeypatch.setattr(gc_policy, "_engines_holding_freeze", 0)
+
+    def collectable(obj) -> bool:  # gc.get_objects() leaves out the frozen heap
+        return any(o is obj for o in gc.get_objects())
+
+    marker = [object()]  # a tracked container older than the engines
+    assert collectable(marker)
+    first = make_engine(tiny["llama"][0])
+    assert not collectable(marker)
+    second = make_engine(tiny["llama"][0])
+    second.shutdown()
+    assert not collectable(marker)  # `first` still runs
+    first.shutdown()
+    first.shutdown()  # a second shutdown releases nothing more
+    assert collectable(marker)
+    assert gc_policy._engines_holding_freeze == 0

@@ -6,7 +6,6 @@ that advanced (cumulative text and token ids).
 """
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,8 @@ from vllm_volta.core.request_group import RequestGroup
 from vllm_volta.core.scheduler import Scheduler, SchedulerOutput
 from vllm_volta.core.stats import EngineStats, StatLogger
 from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.gc_policy import (freeze_startup_heap, raise_gc_threshold,
+                                          release_startup_heap)
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
@@ -27,23 +28,6 @@ from vllm_volta.worker.model_runner import PendingOutput
 __all__ = ["EngineStats", "LLMEngine"]
 
 PromptInput = str | list[int] | Mapping[str, Any]
-
-# Allocations between young-generation collections while an engine lives (Python's default:
-# 700). A step at batch 1000 allocates thousands of short-lived containers (scheduled
-# requests, token lists, outputs); with the default threshold, collections in mid-step
-# promote them and trigger full collections, which re-scan every live request's token list
-# and the KV block pool. benchmarks/benchmark_host_overhead.py, batch 1000 on CPU: the
-# scheduling phase took 6.2 ms per step at 700 and 2.0 ms at 10,000 (the same at 50,000).
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def raise_gc_threshold(young: int = GC_YOUNG_THRESHOLD) -> None:
-    """Raise (never lower) the cyclic GC's young-generation threshold, process-wide.
-    Garbage is still collected, only in fewer, larger batches."""
-    threshold0, threshold1, threshold2 = gc.get_threshold()
-    if 0 < threshold0 < young:  # 0: the user turned automatic collection off
-        gc.set_threshold(young, threshold1, threshold2)
-
 
 class LLMEngine:
     """The engine: tokenizer, scheduler + KV cache manager, executor."""
@@ -83,6 +67,8 @@ class LLMEngine:
         # Async scheduling: the launched step whose tokens are not applied yet.
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
         raise_gc_threshold()
+        freeze_startup_heap()
+        self._holds_heap_freeze = True
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -305,3 +291,6 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        if self._holds_heap_freeze:
+            self._holds_heap_freeze = False
+            release_startup_heap()
