@@ -66,6 +66,9 @@ class LLMEngine:
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         # Async scheduling: the launched step whose tokens are not applied yet.
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
+        # Requests whose sampling may read their output so far (penalties, min_tokens), by id:
+        # with async scheduling, their steps wait for the previous step's tokens.
+        self._history_readers: dict[str, Request] = {}
         raise_gc_threshold()
         freeze_startup_heap()
         self._holds_heap_freeze = True
@@ -163,6 +166,8 @@ class LLMEngine:
                              self.tokenizer, self._decode_token, arrival_time)
         for child in children:
             self.scheduler.add_request(child)
+            if child.sampling_params.reads_output_history(0):
+                self._history_readers[child.request_id] = child
         self._groups[request_id] = group
         self._prompt_tokens_total += len(token_ids)
 
@@ -217,8 +222,18 @@ class LLMEngine:
         return [] if in_flight is None else self._finish_step(*in_flight, finished_only)
 
     def _can_overlap(self) -> bool:
-        return not any(r.num_pending and r.sampling_params.reads_output_history(
-            len(r.output_token_ids)) for r in self.scheduler.running)
+        """Whether the next step may launch before the in-flight step's tokens are applied:
+        not if a running request with a token in flight samples from its token history."""
+        readers = self._history_readers
+        if not readers:  # the common case: no request has penalties or min_tokens
+            return True
+        for rid, r in list(readers.items()):
+            if r.is_finished or not r.sampling_params.reads_output_history(
+                    len(r.output_token_ids)):
+                del readers[rid]  # reads its history no more
+            elif r.num_pending and r.status == RequestStatus.RUNNING:
+                return False
+        return True
 
     def _finish_step(self, sched_out: SchedulerOutput, launched: PendingOutput,
                      finished_only: bool) -> list[RequestOutput]:

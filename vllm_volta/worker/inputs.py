@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
-
 import numpy as np
 import torch
 
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.core.scheduler import ScheduledRequest
 from vllm_volta.host_copy import to_device
+from vllm_volta.worker.block_table import BlockTableCache
 
 
 @dataclass
@@ -55,12 +54,13 @@ def padded_logits_rows(n: int) -> int:
 
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
-                   device: torch.device) -> ModelInput:
+                   device: torch.device, block_tables: BlockTableCache | None = None) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
     Every int64 input goes to the device in one copy and every int32 one in another
     (views of two packed buffers): each host->device copy costs host time per step. The
-    copies never wait for the device (host_copy.to_device).
+    copies never wait for the device (host_copy.to_device). `block_tables` carries the block
+    table from one step to the next (rows whose lists did not change are not rebuilt).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -80,13 +80,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     seq_lens = packed32[sl_at:sl_at + num_seqs]
     seq_lens[:] = num_computed + num_new
     block_table = packed32[bt_at:].reshape(num_seqs, max_blocks)
-    if num_seqs < 32:  # a few rows: per-row copies beat the vector set-up
-        for i, s in enumerate(scheduled):
-            block_table[i, :len(s.block_ids)] = s.block_ids
-    else:  # one flat copy + a row-prefix mask instead of a numpy assignment per row
-        flat_blocks = np.fromiter(chain.from_iterable(s.block_ids for s in scheduled),
-                                  np.int32, int(num_blocks.sum()))
-        block_table[np.arange(max_blocks) < num_blocks[:, None]] = flat_blocks
+    (block_tables or BlockTableCache()).fill([s.block_ids for s in scheduled], num_blocks,
+                                             block_table)
 
     # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N padded]
     row = _align(num_tokens, 2)  # each row 16-byte aligned

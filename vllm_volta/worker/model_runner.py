@@ -15,6 +15,7 @@ from vllm_volta.sample.metadata import SamplingMetadata, make_generator
 from vllm_volta.sample.metadata_cache import SamplingMetadataCache
 from vllm_volta.sample.sampler import Sampler
 from vllm_volta.sampling_params import SamplingType
+from vllm_volta.worker.block_table import BlockTableCache
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
 
 logger = init_logger(__name__)
@@ -85,6 +86,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.sampling_cache = SamplingMetadataCache()
+        self._block_tables = BlockTableCache()
         self.graph_runner = None  # set by the worker when CUDA graphs are captured
         # Async scheduling: the last step's sampled ids stay on the device, and the next
         # step's PENDING_TOKEN inputs are copied from them (row of each request id).
@@ -154,7 +156,7 @@ class ModelRunner:
         return pending
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
-        inp = prepare_inputs(scheduled, self.block_size, self.device)
+        inp = prepare_inputs(scheduled, self.block_size, self.device, self._block_tables)
         self._fill_pending_tokens(scheduled, inp)
         return inp
 
