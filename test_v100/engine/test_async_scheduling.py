@@ -148,3 +148,25 @@ def test_async_scheduling_needs_one_gpu(tiny):
     with pytest.raises(ValueError, match="async_scheduling supports tensor_parallel_size=1"):
         EngineArgs(model=str(path), async_scheduling=True,
                    tensor_parallel_size=2).create_engine_config()
+
+
+def test_a_finished_id_reused_by_a_one_token_prompt_gets_its_own_tokens(tiny):
+    """Decode rows whose ids match the last step's sampled rows take those sampled ids as
+    inputs in one copy; an id that finished and came back as a new request must not."""
+    path, _ = tiny["llama"]
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = tokens(run(make_engine(path), [[5, 6, 7]], greedy))[0]
+    stop_at = next(i for i in range(1, 6) if first[i] not in first[:i])
+    # A stop token is only seen once applied: by then the next step (with "a") is launched.
+    engine = make_engine(path, async_scheduling=True)
+    engine.add_request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                      stop_token_ids=[first[stop_at]]))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert list(outputs[-1].outputs[0].token_ids) == first[:stop_at + 1]
+    engine.add_request("a", [13], greedy)  # the same id, a one-token prompt
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    reference = tokens(run(make_engine(path), [[13]], greedy))[0]
+    assert list(outputs[-1].outputs[0].token_ids) == reference

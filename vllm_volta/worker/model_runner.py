@@ -89,10 +89,14 @@ class ModelRunner:
         self._block_tables = BlockTableCache()
         self.graph_runner = None  # set by the worker when CUDA graphs are captured
         # Async scheduling: the last step's sampled ids stay on the device, and the next
-        # step's PENDING_TOKEN inputs are copied from them (row of each request id).
+        # step's PENDING_TOKEN inputs are copied from them (the rows' request ids in order).
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self._prev_sampled: torch.Tensor | None = None
-        self._prev_rows: dict[str, int] = {}
+        self._prev_req_ids: list[str] = []
+        # The last step's request ids in row order, and its rows that want prompt logprobs
+        # (kept while the batch is the same requests in the same order).
+        self._step_req_ids: list[str] = []
+        self._prompt_logprob_rows: list[int] = []
 
     # ---- setup ------------------------------------------------------------------
     def load_model(self) -> None:
@@ -139,38 +143,52 @@ class ModelRunner:
         if scheduler_output.finished_req_ids:
             # A finished id may come back as a new request with other params.
             self.sampling_cache.clear()
+            self._step_req_ids = []
         for rid in scheduler_output.finished_req_ids:
             self.generators.pop(rid, None)
         pending = PendingOutput(ModelRunnerOutput())
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return pending
-        inp = self._prepare_inputs(scheduled)
-        self._prev_rows = {}
+        # s.request.request_id, not the req_id property: these run per request per step.
+        req_ids = [s.request.request_id for s in scheduled]
+        same_batch = req_ids == self._step_req_ids
+        self._step_req_ids = req_ids
+        inp = self._prepare_inputs(scheduled, req_ids, same_batch)
+        self._prev_req_ids = []
         hidden = self._forward(inp)
-        self._prompt_logprobs(scheduled, inp, hidden, pending.output)
+        self._prompt_logprobs(scheduled, inp, hidden, pending.output, same_batch)
         if inp.sample_rows:
             logits = self.model.compute_logits(hidden[inp.logits_indices])[:len(inp.sample_rows)]
             if self.is_driver:
-                self._sample(scheduled, inp.sample_rows, logits, pending)
+                self._sample(scheduled, req_ids, inp.sample_rows, logits, pending)
         return pending
 
-    def _prepare_inputs(self, scheduled: list[ScheduledRequest]) -> ModelInput:
+    def _prepare_inputs(self, scheduled: list[ScheduledRequest], req_ids: list[str],
+                        same_batch: bool) -> ModelInput:
         inp = prepare_inputs(scheduled, self.block_size, self.device, self._block_tables)
-        self._fill_pending_tokens(scheduled, inp)
+        self._fill_pending_tokens(scheduled, req_ids, same_batch, inp)
         return inp
 
-    def _fill_pending_tokens(self, scheduled: list[ScheduledRequest], inp: ModelInput) -> None:
+    def _fill_pending_tokens(self, scheduled: list[ScheduledRequest], req_ids: list[str],
+                             same_batch: bool, inp: ModelInput) -> None:
         """Input tokens the previous step sampled that the host has not seen (async
         scheduling): copied on the device from that step's sampled ids."""
-        if not self._prev_rows:
+        prev_ids = self._prev_req_ids
+        if not prev_ids:
+            return
+        if same_batch and inp.num_tokens == len(scheduled) and req_ids == prev_ids:
+            # Steady decoding: one token per row, the rows the last step sampled, in order.
+            # Each row's token is the one sampled for it (pending, or already applied on the
+            # host: the same value), so the whole row of ids is copied at once.
+            inp.input_ids.copy_(self._prev_sampled)
             return
         # Only a request's newest token can be pending: the last input row of its sequence.
         waiting = [i for i, s in enumerate(scheduled) if s.token_ids[-1] == PENDING_TOKEN]
         if waiting:
-            rows = self._prev_rows
+            rows = {rid: j for j, rid in enumerate(prev_ids)}
             dst = (inp.query_start_loc[1:] - 1)[waiting]
-            src = [rows[scheduled[i].request.request_id] for i in waiting]
+            src = [rows[req_ids[i]] for i in waiting]
             index = to_device(np.stack([dst, src]), self.device, torch.int64)
             inp.input_ids[index[0]] = self._prev_sampled[index[1]]
 
@@ -189,20 +207,20 @@ class ModelRunner:
             self.generators[s.req_id] = gen
         return gen
 
-    def _sample(self, scheduled: list[ScheduledRequest], rows: list[int], logits: torch.Tensor,
-                pending: PendingOutput) -> None:
-        reqs = [scheduled[i] for i in rows]
-        metadata = self._sampling_metadata(reqs)
+    def _sample(self, scheduled: list[ScheduledRequest], step_req_ids: list[str], rows: list[int],
+                logits: torch.Tensor, pending: PendingOutput) -> None:
+        all_rows = len(rows) == len(scheduled)
+        reqs = scheduled if all_rows else [scheduled[i] for i in rows]
+        req_ids = step_req_ids if all_rows else [step_req_ids[i] for i in rows]
+        metadata = self._sampling_metadata(reqs, req_ids)
         result = self.sampler(logits, metadata)
-        # s.request.request_id, not the req_id property: this runs per request per step.
-        req_ids = [s.request.request_id for s in reqs]
         ids = result.sampled_token_ids
         output = pending.output
         pending.req_ids = req_ids
         pending.host_ids = ids
         if self.async_scheduling:
             self._prev_sampled = ids
-            self._prev_rows = {rid: j for j, rid in enumerate(req_ids)}
+            self._prev_req_ids = req_ids
             if ids.is_cuda:
                 pending.host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
                 pending.host_ids.copy_(ids, non_blocking=True)
@@ -214,9 +232,10 @@ class ModelRunner:
                 if s.request.sampling_params.logprobs is not None:
                     output.logprobs[s.req_id] = (ids[j], lps[j], ranks[j])
 
-    def _sampling_metadata(self, reqs: list[ScheduledRequest]) -> SamplingMetadata:
+    def _sampling_metadata(self, reqs: list[ScheduledRequest], req_ids: list[str]
+                           ) -> SamplingMetadata:
         # Same requests in the same order as last step: their params did not change.
-        key = tuple([s.request.request_id for s in reqs])
+        key = tuple(req_ids)
         metadata = self.sampling_cache.get(key)
         if metadata is not None:
             return metadata
@@ -230,10 +249,12 @@ class ModelRunner:
         return metadata
 
     def _prompt_logprobs(self, scheduled: list[ScheduledRequest], inp: ModelInput,
-                         hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
-        wanted = [i for i, s in enumerate(scheduled)
-                  if s.request.sampling_params.prompt_logprobs is not None]
-        for i in wanted:
+                         hidden: torch.Tensor, output: ModelRunnerOutput,
+                         same_batch: bool) -> None:
+        if not same_batch:  # a request's params never change
+            self._prompt_logprob_rows = [i for i, s in enumerate(scheduled)
+                                         if s.request.sampling_params.prompt_logprobs is not None]
+        for i in self._prompt_logprob_rows:
             s = scheduled[i]
             num_logprobs = s.request.sampling_params.prompt_logprobs
             last = s.request.num_prompt_tokens - 1  # positions that predict a prompt token
