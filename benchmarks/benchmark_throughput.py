@@ -65,17 +65,23 @@ def throughput_metrics(elapsed: float, prompts: Sequence[Sequence[int]],
 
 
 def step_stats(steps: Sequence[StepRecord]) -> dict[str, dict[str, Any]]:
-    """Count and wall time of the steps that ran prompt tokens and of the decode-only ones,
-    and their mean host time by phase (phase_timer.STEP_PHASES)."""
+    """Count and wall time of the steps that ran prompt tokens and of the decode-only ones
+    (mean, median, p90, max), their mean host time by phase (phase_timer.STEP_PHASES), and the
+    garbage-collection pauses inside them."""
     out: dict[str, dict[str, Any]] = {}
     for name, prefill in (("prefill_steps", True), ("decode_steps", False)):
         kind = [(seconds, phases) for is_prefill, seconds, phases in steps if is_prefill == prefill]
-        times = [seconds for seconds, _ in kind]
+        times = sorted(seconds for seconds, _ in kind)
+        pauses = [ph["gc"] for _, ph in kind if ph.get("gc")]
         out[name] = {"count": len(times), "seconds": sum(times),
                      "ms_mean": 1e3 * statistics.fmean(times) if times else None,
                      "ms_median": 1e3 * statistics.median(times) if times else None,
+                     "ms_p90": 1e3 * times[int(0.9 * (len(times) - 1))] if times else None,
+                     "ms_max": 1e3 * times[-1] if times else None,
                      "host_ms_mean": {p: 1e3 * statistics.fmean(ph.get(p, 0.0) for _, ph in kind)
-                                      for p in STEP_PHASES} if kind else None}
+                                      for p in STEP_PHASES} if kind else None,
+                     "gc": {"steps_with_collections": len(pauses),
+                            "ms_total": 1e3 * sum(pauses), "ms_max": 1e3 * max(pauses, default=0.0)}}
     return out
 
 

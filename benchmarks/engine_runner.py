@@ -84,6 +84,8 @@ class EngineRunner:
 
     def close(self) -> None:
         """Release the engine (weights, KV cache, graphs) before another backend runs."""
+        if self._timer is not None:
+            self._timer.close()
         self.engine.shutdown()
         del self.engine
         gc.collect()

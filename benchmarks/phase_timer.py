@@ -12,9 +12,13 @@ code).
 With async scheduling a step launches one batch and then finishes the batch before it, so
 ``wait`` near zero means the device idled while the host worked (host-bound steps), and a
 large ``wait`` means the host was ahead of the device.
+
+``gc`` (not a phase: it overlaps whichever phase a collection interrupts) is the time spent in
+Python's cyclic garbage collector during the step.
 """
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -30,6 +34,27 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.current: dict[str, float] = defaultdict(float)
+        self._gc_started = 0.0
+        self._gc_callback: Callable[[str, dict[str, Any]], None] | None = None
+
+    def track_gc(self) -> None:
+        """Also accumulate garbage-collection pauses under "gc" (until close())."""
+        if self._gc_callback is not None:
+            return
+
+        def callback(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                self._gc_started = time.perf_counter()
+            else:
+                self.current["gc"] += time.perf_counter() - self._gc_started
+
+        self._gc_callback = callback
+        gc.callbacks.append(callback)
+
+    def close(self) -> None:
+        if self._gc_callback is not None:
+            gc.callbacks.remove(self._gc_callback)
+            self._gc_callback = None
 
     def wrap(self, obj: Any, attr: str, phase: str) -> None:
         inner: Callable[..., Any] = getattr(obj, attr)
@@ -46,8 +71,10 @@ class PhaseTimer:
 
 
 def instrument_steps(engine: Any) -> PhaseTimer:
-    """Time `engine`'s steps by STEP_PHASES (seconds in ``timer.current``)."""
+    """Time `engine`'s steps by STEP_PHASES, and their garbage-collection pauses as "gc"
+    (seconds in ``timer.current``; close() the timer when done)."""
     timer = PhaseTimer()
+    timer.track_gc()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(engine.executor, "execute_model_async", "launch")
     finish_step = engine._finish_step

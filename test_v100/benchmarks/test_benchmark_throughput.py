@@ -89,6 +89,8 @@ def test_step_stats_split_prefill_and_decode_steps():
     assert 0 < total <= ours["elapsed_time"]
     decode = stats["decode_steps"]
     assert decode["ms_mean"] == pytest.approx(1e3 * decode["seconds"] / 4)
+    assert decode["ms_median"] <= decode["ms_p90"] <= decode["ms_max"]
+    assert set(decode["gc"]) == {"steps_with_collections", "ms_total", "ms_max"}
     for kind in stats.values():
         host = kind["host_ms_mean"]
         assert list(host) == ["schedule", "launch", "wait", "finish"]
@@ -115,3 +117,17 @@ def test_no_step_stats_by_default():
     pytest.importorskip("vllm_volta.engine.llm_engine")
     result = benchmark_throughput.main([*TINY, "--num-prompts", "2"])
     assert "step_stats" not in result["results"]["vllm-volta"]
+
+
+def test_step_stats_percentiles_and_gc_pauses_from_records():
+    steps = [(False, t / 1e3, {"schedule": 0.001, "gc": g})
+             for t, g in [(10, 0.0), (11, 0.0), (12, 0.002), (13, 0.0), (50, 0.030)]]
+    steps += [(True, 0.08, {"launch": 0.05})]
+    stats = benchmark_throughput.step_stats(steps)
+    decode = stats["decode_steps"]
+    assert decode["count"] == 5 and decode["ms_median"] == pytest.approx(12)
+    assert decode["ms_p90"] == pytest.approx(13) and decode["ms_max"] == pytest.approx(50)
+    assert decode["gc"] == {"steps_with_collections": 2, "ms_total": pytest.approx(32),
+                            "ms_max": pytest.approx(30)}
+    assert decode["host_ms_mean"]["schedule"] == pytest.approx(1)
+    assert stats["prefill_steps"]["gc"]["steps_with_collections"] == 0

@@ -112,3 +112,22 @@ def test_instrumented_steps_leave_no_reference_cycle_behind():
     finally:
         gc.enable()
         runner.close()
+
+
+def test_track_gc_adds_collection_time_until_closed():
+    import gc
+
+    timer = PhaseTimer()
+    registered = len(gc.callbacks)
+    timer.track_gc()
+    timer.track_gc()  # once only
+    assert len(gc.callbacks) == registered + 1
+    gc.collect()
+    first = timer.current["gc"]
+    assert first > 0
+    timer.close()
+    gc.collect()
+    assert timer.current["gc"] == first
+    assert len(gc.callbacks) == registered
+    timer.close()  # a second close is harmless
+    assert len(gc.callbacks) == registered
