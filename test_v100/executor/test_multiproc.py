@@ -77,3 +77,69 @@ def check_tp2(tmp_path_factory, **engine_kwargs):
         assert [p and set(p) for p in a.prompt_logprobs] == [p and set(p) for p in b.prompt_logprobs]
     with pytest.raises(RuntimeError, match="shut down"):
         tp.executor.execute_model(SchedulerOutput())
+
+
+class _FakeConn:
+    """The pipe end of a worker rank: pickled calls in, replies recorded."""
+
+    def __init__(self, calls):
+        import pickle
+
+        self.calls = [pickle.dumps(call) for call in calls]
+        self.sent = []
+
+    def recv_bytes(self):
+        return self.calls.pop(0)
+
+    def send(self, message):
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("cache_fails", [False, True], ids=["built", "cache-failed"])
+def test_a_worker_rank_freezes_its_heap_once_its_cache_is_built(monkeypatch, cache_fails):
+    import gc
+
+    from vllm_volta.engine import gc_policy
+    from vllm_volta.executor import multiproc
+
+    frozen = {}
+
+    class FakeWorker:
+        def __init__(self, *args):
+            pass
+
+        def load_model(self):
+            pass
+
+        def determine_num_available_blocks(self):
+            frozen["sizing"] = gc.get_freeze_count()
+            return 7
+
+        def initialize_cache(self, num_blocks):
+            if cache_fails:
+                raise RuntimeError("out of memory")
+
+        def execute_model(self, scheduler_output):
+            frozen["step"] = gc.get_freeze_count()
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(multiproc, "Worker", FakeWorker)
+    monkeypatch.setattr(gc_policy, "_engines_holding_freeze", 0)
+    saved_threshold = gc.get_threshold()
+    gc.unfreeze()
+    conn = _FakeConn([("determine_num_available_blocks", ()), ("initialize_cache", (7,)),
+                      ("execute_model", (None,)), ("shutdown", ())])
+    try:
+        multiproc._worker_main(None, 1, 2, "file:///unused", conn)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved_threshold)
+    assert frozen["sizing"] == 0
+    if cache_fails:
+        assert conn.sent[2][0] == "error" and "out of memory" in conn.sent[2][1]
+        assert frozen["step"] == 0
+    else:
+        assert conn.sent == [("ok", None), ("ok", 7), ("ok", None), ("ok", None), ("ok", None)]
+        assert frozen["step"] > 0

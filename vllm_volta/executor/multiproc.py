@@ -19,6 +19,7 @@ from typing import Any
 
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import SchedulerOutput
+from vllm_volta.engine.gc_policy import freeze_startup_heap, raise_gc_threshold
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.model_runner import ModelRunnerOutput
@@ -71,9 +72,17 @@ def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_metho
             conn.send(("ok", None))
             return
         try:
-            conn.send(("ok", getattr(worker, method)(*args)))
+            result = getattr(worker, method)(*args)
         except BaseException as e:
             conn.send(("error", f"rank {rank}: {method} failed: {type(e).__name__}: {e}"))
+            continue
+        if method == "initialize_cache":
+            # The rank is built (model, KV cache, graphs): the driver's engine process does the
+            # same (engine/gc_policy.py), so a full collection in a rank does not stall the
+            # collectives of a step. The process ends with the engine: the freeze is never undone.
+            raise_gc_threshold()
+            freeze_startup_heap()
+        conn.send(("ok", result))
 
 
 def _terminate(processes: list, tmpdir: str) -> None:
