@@ -24,7 +24,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 STEP_PHASES = ("schedule", "launch", "wait", "finish")
-# One engine step: (ran prompt tokens, wall seconds, host seconds by STEP_PHASES).
+# One engine step: (ran prompt tokens, wall seconds, host seconds by STEP_PHASES and "gc").
 StepRecord = tuple[bool, float, dict[str, float]]
 
 

@@ -66,8 +66,9 @@ class LLMEngine:
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         # Async scheduling: the launched step whose tokens are not applied yet.
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
-        # Requests whose sampling may read their output so far (penalties, min_tokens), by id:
-        # with async scheduling, their steps wait for the previous step's tokens.
+        # Async scheduling: requests whose sampling may read their output so far (penalties,
+        # min_tokens), by id; their steps wait for the previous step's tokens (_can_overlap,
+        # which also drops the ones done with it).
         self._history_readers: dict[str, Request] = {}
         raise_gc_threshold()
         freeze_startup_heap()
@@ -166,7 +167,7 @@ class LLMEngine:
                              self.tokenizer, self._decode_token, arrival_time)
         for child in children:
             self.scheduler.add_request(child)
-            if child.sampling_params.reads_output_history(0):
+            if self.async_scheduling and child.sampling_params.reads_output_history(0):
                 self._history_readers[child.request_id] = child
         self._groups[request_id] = group
         self._prompt_tokens_total += len(token_ids)

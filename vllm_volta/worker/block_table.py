@@ -9,7 +9,6 @@ of 512-768 tokens without a model).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
@@ -27,10 +26,10 @@ class BlockTableCache:
         self._lists: list[list[int]] = []
         self._table = np.zeros((0, 0), np.int32)
 
-    def fill(self, block_ids: Sequence[list[int]], num_blocks: np.ndarray, out: np.ndarray) -> None:
-        """Write the rows of `block_ids` (lengths `num_blocks`) into `out` ([rows, max_blocks],
-        zeros), reusing last step's rows where the list is the same object."""
-        lists = list(block_ids)
+    def fill(self, lists: list[list[int]], num_blocks: np.ndarray, out: np.ndarray) -> None:
+        """Write the rows of `lists` (lengths `num_blocks`) into `out` ([rows, max_blocks],
+        zeros), reusing last step's rows where the list is the same object. Keeps `lists`:
+        the caller must not change it afterwards."""
         rows, max_blocks = out.shape
         table = self._table
         if len(self._lists) == rows and table.shape[1] >= max_blocks:
