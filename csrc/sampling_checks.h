@@ -35,7 +35,8 @@ inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const
   VLLM_VOLTA_CHECK(logits.dim() == 2, op, ": 'logits' must be [num_rows, vocab_size], got ", logits.dim(),
                   " dimension(s)");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  VLLM_VOLTA_CHECK(vocab >= 1 && vocab < (int64_t{1} << 31), op, ": vocab_size must be in [1, 2^31), got ", vocab);
+  // < 2^30: the kernel indexes entries with 32-bit ints, up to a block span past the end.
+  VLLM_VOLTA_CHECK(vocab >= 1 && vocab < (int64_t{1} << 30), op, ": vocab_size must be in [1, 2^30), got ", vocab);
   VLLM_VOLTA_CHECK(vocab == 1 || logits.stride(1) == 1, op, ": 'logits' must be contiguous in its last dimension");
   check_row_vector(op, {"sampled", sampled, ScalarType::Long, "int64"}, rows, logits);
   return {rows, vocab, rows > 1 ? logits.stride(0) : vocab};

@@ -21,9 +21,17 @@ void launch_argmax(const char* op, Tensor sampled, Tensor logits, const SampleAr
   cudaMemsetAsync(best, 0, static_cast<size_t>(a.rows) * sizeof(unsigned long long), stream);
   dispatch_float_type(op, logits, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
+    const auto* x = static_cast<const T*>(logits.data_ptr());
+    // 16-byte loads need every row to start on a 16-byte boundary.
+    const bool aligned = is_aligned16(x) && a.row_stride * sizeof(T) % 16 == 0;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(ceil_div(a.vocab, kSampleBlockSpan)));
-    gumbel_argmax_kernel<T, NOISE><<<grid, kSampleThreads, 0, stream>>>(
-        best, static_cast<const T*>(logits.data_ptr()), a.row_stride, a.vocab, temperature, seeds);
+    const int vocab = static_cast<int>(a.vocab);  // < 2^30, checked
+    if (aligned)
+      gumbel_argmax_kernel<T, NOISE, true><<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab,
+                                                                                temperature, seeds);
+    else
+      gumbel_argmax_kernel<T, NOISE, false><<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab,
+                                                                                 temperature, seeds);
   });
   gumbel_unpack_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 256)), 256, 0, stream>>>(
       static_cast<int64_t*>(sampled.data_ptr()), a.rows);

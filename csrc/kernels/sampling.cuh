@@ -13,8 +13,7 @@
 namespace vllm_volta {
 
 constexpr int kSampleThreads = 256;
-constexpr int kSampleQuadsPerThread = 8;  // a block covers 256 x 8 x 4 = 8192 vocabulary entries
-constexpr int64_t kSampleBlockSpan = int64_t{kSampleThreads} * kSampleQuadsPerThread * 4;
+constexpr int64_t kSampleBlockSpan = 8192;  // vocabulary entries per block: 32 per thread
 
 // Philox4x32 with 10 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
 __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint2 key) {
@@ -43,55 +42,88 @@ __device__ __forceinline__ float gumbel_noise(unsigned bits) {
 
 // (key, index) as one unsigned 64-bit value whose unsigned order is the key's float order,
 // ties going to the lower index; 0 never occurs (it means "no candidate").
-__device__ __forceinline__ unsigned long long pack_candidate(float key, int64_t index) {
+__device__ __forceinline__ unsigned long long pack_candidate(float key, int index) {
   const unsigned bits = __float_as_uint(key);
   const unsigned ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
   return (static_cast<unsigned long long>(ordered) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(index));
 }
 
+// One vocabulary entry: its key (logit / T + Gumbel noise, or the logit) against the thread's
+// best so far. Entries come in increasing index order, so a tie keeps the lower index; NaN
+// never wins, nor does -inf (a row with no other entry has no candidate: token 0).
+template <bool NOISE>
+__device__ __forceinline__ void consider(float logit, float inv_t, unsigned bits, int index, float& best_key,
+                                         int& best_index) {
+  const float k = NOISE ? logit * inv_t + gumbel_noise(bits) : logit;
+  if (k > best_key) {
+    best_key = k;
+    best_index = index;
+  }
+}
+
 // Grid (rows, ceil(vocab / kSampleBlockSpan)): each block folds its span of one row into
-// best[row] with a 64-bit atomicMax (best[] zeroed before). NOISE false: the plain argmax of
-// the logits (greedy sampling; temperature and seeds are not read).
-template <typename T, bool NOISE>
-__global__ void gumbel_argmax_kernel(unsigned long long* __restrict__ best, const T* __restrict__ logits,
-                                     int64_t row_stride, int64_t vocab, const float* __restrict__ temperature,
-                                     const int64_t* __restrict__ seeds) {
+// best[row] with one 64-bit atomicMax (best[] zeroed before). A thread reads its entries as
+// 16-byte vectors (VEC: the row start and stride keep them aligned, checked by the host) of
+// N entries, vector v of thread t at entry span + (v * kSampleThreads + t) * N, so a warp
+// reads 512 consecutive bytes per load; ragged ends and unaligned rows go entry by entry.
+// The noise of entry i is word i % 4 of Philox(counter i / 4), whatever the path.
+// NOISE false: the plain argmax of the logits (greedy sampling; temperature and seeds are
+// not read).
+template <typename T, bool NOISE, bool VEC>
+__global__ void __launch_bounds__(kSampleThreads)
+    gumbel_argmax_kernel(unsigned long long* __restrict__ best, const T* __restrict__ logits, int64_t row_stride,
+                         int vocab, const float* __restrict__ temperature, const int64_t* __restrict__ seeds) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
-    const int64_t row = blockIdx.x;
-    const T* x = logits + row * row_stride;
+    constexpr int N = 16 / sizeof(T);
+    constexpr int kVecs = static_cast<int>(kSampleBlockSpan) / (kSampleThreads * N);
+    static_assert(N % 4 == 0 && kVecs * kSampleThreads * N == kSampleBlockSpan, "whole Philox quads per vector");
+    const T* x = logits + static_cast<int64_t>(blockIdx.x) * row_stride;
     float inv_t = 1.f;
     uint2 key = make_uint2(0u, 0u);
     if constexpr (NOISE) {
-      inv_t = 1.f / temperature[row];
-      const unsigned long long seed = static_cast<unsigned long long>(seeds[row]);
+      inv_t = 1.f / temperature[blockIdx.x];
+      const unsigned long long seed = static_cast<unsigned long long>(seeds[blockIdx.x]);
       key = make_uint2(static_cast<unsigned>(seed), static_cast<unsigned>(seed >> 32));
     }
-    unsigned long long local = 0;
-    const int64_t quad0 = static_cast<int64_t>(blockIdx.y) * kSampleThreads * kSampleQuadsPerThread + threadIdx.x;
+    float best_key = -__int_as_float(0x7f800000);  // -inf
+    int best_index = -1;
+    const int span = static_cast<int>(blockIdx.y) * static_cast<int>(kSampleBlockSpan);
 #pragma unroll
-    for (int j = 0; j < kSampleQuadsPerThread; ++j) {
-      const int64_t quad = quad0 + j * kSampleThreads;
-      if (quad * 4 >= vocab) continue;
-      unsigned bits[4] = {0u, 0u, 0u, 0u};
-      if constexpr (NOISE) {
-        const uint4 r = philox4x32_10(
-            make_uint4(static_cast<unsigned>(quad), static_cast<unsigned>(quad >> 32), 0u, 0u), key);
-        bits[0] = r.x, bits[1] = r.y, bits[2] = r.z, bits[3] = r.w;
+    for (int v = 0; v < kVecs; ++v) {
+      const int i0 = span + (v * kSampleThreads + static_cast<int>(threadIdx.x)) * N;
+      if (i0 >= vocab) break;  // later vectors of this thread start further on
+      unsigned bits[N];
+#pragma unroll
+      for (int q = 0; q < N / 4; ++q) {
+        uint4 r = make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (NOISE) r = philox4x32_10(make_uint4(static_cast<unsigned>(i0 / 4 + q), 0u, 0u, 0u), key);
+        bits[4 * q] = r.x, bits[4 * q + 1] = r.y, bits[4 * q + 2] = r.z, bits[4 * q + 3] = r.w;
       }
+      if (VEC && i0 + N <= vocab) {
+        const Vec<T, N> vals = *reinterpret_cast<const Vec<T, N>*>(x + i0);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = quad * 4 + e;
-        if (i >= vocab) continue;
-        const float logit = Convert<T>::to_float(x[i]);
-        const float k = NOISE ? logit * inv_t + gumbel_noise(bits[e]) : logit;
-        if (k == k) local = max(local, pack_candidate(k, i));  // NaN never wins
+        for (int e = 0; e < N; ++e)
+          consider<NOISE>(Convert<T>::to_float(vals.v[e]), inv_t, bits[e], i0 + e, best_key, best_index);
+      } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+          if (i0 + e < vocab)
+            consider<NOISE>(Convert<T>::to_float(x[i0 + e]), inv_t, bits[e], i0 + e, best_key, best_index);
       }
     }
+    unsigned long long local = best_index < 0 ? 0ull : pack_candidate(best_key, best_index);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-    if (threadIdx.x % 32 == 0 && local != 0) atomicMax(best + row, local);
+    __shared__ unsigned long long per_warp[kSampleThreads / 32];
+    if (threadIdx.x % 32 == 0) per_warp[threadIdx.x / 32] = local;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int w = 1; w < kSampleThreads / 32; ++w) local = max(local, per_warp[w]);
+      if (local != 0) atomicMax(best + blockIdx.x, local);
+    }
   }
 }
 

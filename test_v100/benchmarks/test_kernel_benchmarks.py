@@ -75,6 +75,21 @@ def test_graph_capture_benchmark_arguments_and_cuda_requirement(monkeypatch):
         bench.run(args)
 
 
+def test_sampling_benchmark_arguments_and_cuda_requirement(monkeypatch):
+    from benchmarks.kernels import benchmark_sampling as bench
+
+    args = bench.parse_args(["--num-rows", "8", "--vocab-size", "100", "--dtype", "float"])
+    assert (args.num_rows, args.vocab_size, args.dtype) == (8, 100, "float")
+    assert bench.parse_args([]).num_rows == 1000  # the offline benchmark's decode batch
+    with pytest.raises(ValueError, match="--vocab-size must be >= 1"):
+        bench.parse_args(["--vocab-size", "0"])
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        bench.parse_args(["--dtype", "int8"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="benchmark_sampling.py needs a CUDA GPU"):
+        bench.run(args)
+
+
 def test_graph_capture_benchmark_work_runs_on_cpu():
     from benchmarks.kernels.benchmark_graph_capture import make_work
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,53 @@ def test_a_rows_draw_depends_only_on_its_seed_and_logits():
     assert len(set(full.tolist())) > 32  # rows with different logits draw different tokens
 
 
+def _philox4x32_10(counters: np.ndarray, seed: int) -> np.ndarray:
+    """Philox4x32-10 of counters (c, 0, 0, 0) under the 64-bit key `seed`: [n, 4] uint32 words."""
+    m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), 0x9E3779B9, 0xBB67AE85
+    mask = np.uint64(0xFFFFFFFF)
+    x = counters.astype(np.uint64)
+    y = z = w = np.zeros_like(x)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    for _ in range(10):
+        p0, p1 = m0 * x, m1 * z
+        x, y, z, w = ((p1 >> np.uint64(32)) ^ y ^ np.uint64(k0), p1 & mask,
+                      (p0 >> np.uint64(32)) ^ w ^ np.uint64(k1), p0 & mask)
+        k0, k1 = (k0 + w0) & 0xFFFFFFFF, (k1 + w1) & 0xFFFFFFFF
+    return np.stack([x, y, z, w], axis=1).astype(np.uint32)
+
+
+def _reference_keys(logits: torch.Tensor, temperature: float, seed: int) -> np.ndarray:
+    """float64 logits / T + Gumbel noise of the documented stream: entry i takes word i % 4 of
+    Philox(counter i // 4) keyed by the row's seed, v = (word + 1/2) / 2^32, G = -log(-log(1 - v))."""
+    vocab = logits.shape[0]
+    words = _philox4x32_10(np.arange((vocab + 3) // 4), seed % 2 ** 64).reshape(-1)[:vocab]
+    v = (words.astype(np.float64) + 0.5) / 2.0 ** 32
+    return logits.double().numpy() / temperature - np.log(-np.log1p(-v))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_draw_is_the_argmax_of_the_documented_noise_stream(dtype):
+    # Rows of 20003 entries (three 8192-entry spans, a ragged end), in an aligned buffer (16-byte
+    # vector loads) and shifted by one entry (entry-by-entry loads): both draw the token whose
+    # float64 reference key is the largest, up to the kernel's fast-log error.
+    torch.manual_seed(3)
+    rows, vocab, temperature = 24, 20003, 0.8
+    logits = (torch.randn(rows, vocab) * 2).to(dtype)
+    seeds = _seeds(rows, 9)
+    buffer = torch.zeros(rows, vocab + 8, dtype=dtype)
+    buffer[:, :vocab] = logits
+    aligned = _sample(buffer.cuda()[:, :vocab], temperature, seeds).cpu()
+    buffer = torch.zeros(rows, vocab + 8, dtype=dtype)
+    buffer[:, 1:vocab + 1] = logits
+    shifted = _sample(buffer.cuda()[:, 1:vocab + 1], temperature, seeds).cpu()
+    assert torch.equal(aligned, shifted)
+    for row in range(rows):
+        keys = _reference_keys(logits[row], temperature, int(seeds[row]))
+        assert keys[int(aligned[row])] >= keys.max() - 1e-4, f"row {row}"
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -123,6 +171,7 @@ BAD_ARGS = [
     (dict(logits=torch.empty(300, dtype=torch.float16, device="meta")), "'logits' must be [num_rows, vocab_size]"),
     (dict(logits=torch.empty(100, 3, dtype=torch.float16, device="meta").t()),
      "'logits' must be contiguous in its last dimension"),
+    (dict(logits=torch.empty(3, 1 << 30, dtype=torch.float16, device="meta")), "vocab_size must be in [1, 2^30)"),
     (dict(sampled=torch.empty(3, dtype=torch.int32, device="meta")), "'sampled' must be int64"),
     (dict(temperature=torch.empty(4, dtype=torch.float32, device="meta")),
      "'temperature' must be 1-D with one entry per row of 'logits' (3)"),
