@@ -126,6 +126,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.warmup_steps + 1):
             engine.step(finished_only=True)
         synchronize()
+    decode_rows = len(engine.scheduler.running) if args.phase == "decode" else None
+    if decode_rows is not None and decode_rows < args.batch_size:
+        # The first prompts' requests ran out of tokens while the last ones were prefilling.
+        log(f"warning: only {decode_rows} of {args.batch_size} requests are still decoding; "
+            f"raise --output-len to profile the whole batch")
     log(f"profiling {args.phase} steps at batch {args.batch_size}")
     with profile(activities=[ProfilerActivity.CPU]
                  + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
@@ -138,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wall_ms = 1e3 * wall_plain / max(plain_steps, 1)
     return {"benchmark": "profile_steps", "model": args.model, "phase": args.phase,
             "batch_size": args.batch_size, "temperature": args.temperature,
-            "cuda_graphs": graphs is not None,
+            "decode_rows": decode_rows, "cuda_graphs": graphs is not None,
             "profiled_steps": steps,
             "wall_ms_per_step_profiled": round(1e3 * wall / steps, 3),
             "wall_ms_per_step": round(wall_ms, 3),

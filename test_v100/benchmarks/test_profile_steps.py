@@ -13,6 +13,7 @@ def test_decode_phase_profiles_the_requested_number_of_steps(capsys):
                 "--output-len", "12", "--warmup-steps", "2", "--profile-steps", "4"])
     assert capsys.readouterr().out.strip().startswith("{")
     assert doc["phase"] == "decode" and doc["profiled_steps"] == 4
+    assert doc["decode_rows"] == 2
     assert doc["wall_ms_per_step"] > 0
     if torch.cuda.is_available():
         assert doc["gpu_kernel_ms_per_step"] > 0 and doc["top_kernels"]
@@ -45,3 +46,13 @@ def test_prefill_phase_waits_for_the_last_chunk_of_every_prompt():
                 "--output-len", "2", "--phase", "prefill", "--max-num-batched-tokens", "16",
                 "--max-model-len", "32"])
     assert doc["profiled_steps"] >= 5
+
+
+def test_decode_phase_reports_rows_that_finished_before_the_profile(capsys):
+    # 6 prompts of 16 tokens under a 16-token budget: one prompt per step, so the first
+    # prompts' 8 tokens run out before the profile starts (step 7 on); those rows are missing.
+    doc = main(["--config", "tiny-llama", "--batch-size", "6", "--input-len", "16",
+                "--output-len", "8", "--warmup-steps", "1", "--profile-steps", "2",
+                "--max-num-batched-tokens", "16", "--max-model-len", "32"])
+    assert 0 < doc["decode_rows"] < 6
+    assert f"only {doc['decode_rows']} of 6 requests are still decoding" in capsys.readouterr().err
