@@ -56,6 +56,8 @@ do_kernels() {
   python benchmarks/kernels/benchmark_gemv.py --output-json "$out/gemv_native.json" >/dev/null
   in_volta python benchmarks/kernels/benchmark_gemv.py --output-json "$out/gemv_volta.json" >/dev/null
   python benchmarks/kernels/benchmark_graph_capture.py --output-json "$out/graph_capture.json" >/dev/null
+  python benchmarks/kernels/benchmark_sampling.py --output-json "$out/sampling_native.json" >/dev/null
+  in_volta python benchmarks/kernels/benchmark_sampling.py --output-json "$out/sampling_volta.json" >/dev/null
 }
 
 do_e2e() {
