@@ -96,6 +96,12 @@ def _philox4x32_10(counters: np.ndarray, seed: int) -> np.ndarray:
     return np.stack([x, y, z, w], axis=1).astype(np.uint32)
 
 
+def test_reference_philox_matches_the_published_known_answer():
+    # Random123's known-answer vector for Philox4x32-10, counter 0 and key 0.
+    words = _philox4x32_10(np.array([0]), 0)[0]
+    assert [int(w) for w in words] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
 def _reference_keys(logits: torch.Tensor, temperature: float, seed: int) -> np.ndarray:
     """float64 logits / T + Gumbel noise of the documented stream: entry i takes word i % 4 of
     Philox(counter i // 4) keyed by the row's seed, v = (word + 1/2) / 2^32, G = -log(-log(1 - v))."""
