@@ -26,12 +26,8 @@ void launch_argmax(const char* op, Tensor sampled, Tensor logits, const SampleAr
     const bool aligned = is_aligned16(x) && a.row_stride * sizeof(T) % 16 == 0;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(ceil_div(a.vocab, kSampleBlockSpan)));
     const int vocab = static_cast<int>(a.vocab);  // < 2^30, checked
-    if (aligned)
-      gumbel_argmax_kernel<T, NOISE, true><<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab,
-                                                                                temperature, seeds);
-    else
-      gumbel_argmax_kernel<T, NOISE, false><<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab,
-                                                                                 temperature, seeds);
+    auto* kernel = aligned ? gumbel_argmax_kernel<T, NOISE, true> : gumbel_argmax_kernel<T, NOISE, false>;
+    kernel<<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab, temperature, seeds);
   });
   gumbel_unpack_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 256)), 256, 0, stream>>>(
       static_cast<int64_t*>(sampled.data_ptr()), a.rows);
