@@ -31,7 +31,7 @@ void act_and_mul(const char* op, const char* out_arg, Tensor out, Tensor input, 
 void adapter_rms_norm(Tensor result, Tensor input, Tensor weight, double epsilon) {
   check_norm_args("rms_norm", "result", result, "input", input, weight, epsilon);
   if (is_empty(input)) return;
-  aten::mul_out(aten::fused_rms_norm(input, epsilon), weight, result);
+  torch::stable::copy_(result, aten::fused_rms_norm(input, weight, epsilon));
 }
 
 void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, double epsilon) {
@@ -39,8 +39,9 @@ void adapter_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, do
   if (is_empty(input)) return;
   // residual <- input + residual. aten::add carries a Scalar alpha, which the stable
   // dispatcher cannot box; subtract(a, b, alpha=-1) is the stable-ABI spelling of a + b.
-  torch::stable::copy_(residual, torch::stable::subtract(residual, input, -1.0));
-  aten::mul_out(aten::fused_rms_norm(residual, epsilon), weight, input);
+  const Tensor sum = torch::stable::subtract(residual, input, -1.0);
+  torch::stable::copy_(input, aten::fused_rms_norm(sum, weight, epsilon));
+  torch::stable::copy_(residual, sum);
 }
 
 void adapter_silu_and_mul(Tensor result, Tensor input) {

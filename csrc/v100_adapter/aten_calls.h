@@ -46,12 +46,13 @@ inline void mul_out(const Tensor& a, const Tensor& b, const Tensor& out) {
   (void)to<Tensor>(stack[0]);  // release the returned reference to `out`
 }
 
-// x * rsqrt(mean(x^2, -1) + eps), fp32 accumulation, result in x's dtype (no weight:
-// the caller multiplies by the weight in x's dtype, as HF/vLLM RMSNorm do).
-inline Tensor fused_rms_norm(const Tensor& x, double epsilon) {
+// weight * x * rsqrt(mean(x^2, -1) + eps): fp32 statistics, the weight applied in fp32 and
+// the result rounded once to x's dtype (HF / vLLM round x * rsqrt first, then multiply in the
+// dtype; the two can differ in the last bit). One kernel, no broadcast multiply.
+inline Tensor fused_rms_norm(const Tensor& x, const Tensor& weight, double epsilon) {
   const std::vector<int64_t> normalized_shape{x.size(-1)};
   std::array<StableIValue, 4> stack{from(x), from(normalized_shape),
-                                    from(std::optional<Tensor>()), from(std::optional<double>(epsilon))};
+                                    from(std::optional<Tensor>(weight)), from(std::optional<double>(epsilon))};
   call("aten::_fused_rms_norm", "", stack);
   (void)to<Tensor>(stack[1]);  // rstd: not needed, free it
   return to<Tensor>(stack[0]);

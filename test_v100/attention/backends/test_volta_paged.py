@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
-from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend, _build_plan, choose_prefill_kernel
+from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend, _build_plan, choose_prefill_kernel, repeat_heads
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import build_attn_metadata
 from vllm_volta.platforms.interface import DeviceCapability
@@ -73,6 +73,7 @@ CASES = {
     "prefix-hit": [(32, 20), (5, 9), (0, 12)],
     "mixed": [(100, 1), (0, 13), (48, 1), (7, 30), (2047, 1)],
     "decodes-then-prefills": [(100, 1), (48, 1), (0, 13), (7, 30)],
+    "interleaved": [(0, 3), (4, 2), (0, 5)],  # fresh prompts around a continued one
 }
 
 
@@ -87,45 +88,83 @@ def test_prefill_kernel_choice():
     assert choose_prefill_kernel(DeviceCapability(8, 0), fp16)[0] == expected
 
 
-@pytest.mark.parametrize("seqs, expected_range", [
-    (CASES["prefill"], (0, 58)),
-    (CASES["decodes-then-prefills"], (2, 45)),
-    (CASES["mixed"], None),
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("layout", ["contiguous", "qkv-slice", "odd-offset"])
+def test_repeat_heads_matches_repeat_interleave(dtype, layout):
+    """Word-sized copies where the rows allow (the k / v slices of a fused projection), the
+    entry-by-entry copy where they do not (an odd offset): both are repeat_interleave."""
+    kh, d, times = 2, 64, 6
+    qkv = torch.randn(9, (times + 2) * kh * d).to(dtype)
+    x = {"contiguous": torch.randn(9, kh, d).to(dtype),
+         "qkv-slice": qkv[:, times * kh * d:(times + 1) * kh * d].view(9, kh, d),
+         "odd-offset": qkv[:, 1:1 + kh * d].view(9, kh, d)}[layout]
+    assert torch.equal(repeat_heads(x, times), x.repeat_interleave(times, dim=1))
+
+
+def _plan(seqs, tables=None):
+    tables = tables or [list(range(1, 2 + (c + n) // BLOCK_SIZE)) for c, n in seqs]
+    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs], tables, BLOCK_SIZE, "cpu")
+    return _build_plan(md, BLOCK_SIZE), md
+
+
+@pytest.mark.parametrize("case, expected_rows", [
+    ("prefill", [slice(0, 58)]),
+    ("prefix-hit", [slice(0, 29), slice(29, 41)]),
+    ("mixed", [slice(15, 45), slice(1, 14)]),
+    ("decodes-then-prefills", [slice(15, 45), slice(2, 15)]),
+    ("interleaved", [slice(3, 5), [0, 1, 2, 5, 6, 7, 8, 9]]),
 ])
-def test_plan_uses_a_slice_when_prefill_tokens_are_back_to_back(seqs, expected_range):
-    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs],
-                             [list(range(1, 2 + (c + n) // BLOCK_SIZE)) for c, n in seqs], BLOCK_SIZE, "cpu")
-    plan = _build_plan(md, BLOCK_SIZE)
-    assert plan.prefill_range == expected_range
-    if expected_range is None:
-        prefills = [i for i, (_, n) in enumerate(seqs) if n > 1]
-        starts = md.query_start_loc_cpu.tolist()
-        assert plan.prefill_tokens.tolist() == [t for i in prefills for t in range(starts[i], starts[i + 1])]
-    else:
-        assert plan.prefill_tokens is None
+def test_plan_parts_use_slices_when_rows_are_back_to_back(case, expected_rows):
+    """Sequences with a cached prefix form the first part, the others the second; each part's
+    query rows are a slice when back to back, else token indices."""
+    plan, _ = _plan(CASES[case])
+    got = [p.rows if isinstance(p.rows, slice) else p.rows.tolist() for p in plan.prefills]
+    assert got == expected_rows
 
 
-@pytest.mark.parametrize("case", ["prefill", "prefix-hit", "mixed"])
+@pytest.mark.parametrize("case, expected_rows", [
+    ("decodes-then-prefills", slice(0, 2)), ("mixed", [0, 14, 45]), ("prefill", None),
+])
+def test_plan_decode_rows_are_a_slice_when_decodes_lead(case, expected_rows):
+    """Leading decode rows are views of the step's rows, others are gathered; either way the
+    block tables and lengths are those of the decode sequences."""
+    seqs = CASES[case]
+    plan, md = _plan(seqs)
+    if expected_rows is None:
+        assert plan.decode_rows is None
+        return
+    rows = plan.decode_rows
+    assert rows == expected_rows if isinstance(expected_rows, slice) else rows.tolist() == expected_rows
+    decodes = [i for i, (_, n) in enumerate(seqs) if n == 1]
+    assert plan.decode_seq_lens.tolist() == [seqs[i][0] + 1 for i in decodes]
+    assert torch.equal(plan.decode_block_table, md.block_table[decodes])
+    assert plan.decode_max_len == max(seqs[i][0] + 1 for i in decodes)
+
+
+@pytest.mark.parametrize("case", ["prefill", "prefix-hit", "mixed", "interleaved"])
 def test_plan_sequence_bounds_and_context_slots(case):
-    """cu_seqlens over the prefill sequences' new tokens (q) and whole contexts (k), and the
-    cache slot of every context token when some of it was computed before."""
+    """Per part: cu_seqlens over its sequences' new tokens (q) and whole contexts (k), and the
+    cache slot of every context token where some of it was computed before."""
     seqs = CASES[case]
     tables = [[7 * i + 3 + b for b in range(1 + (c + n) // BLOCK_SIZE)] for i, (c, n) in enumerate(seqs)]
-    md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs], tables, BLOCK_SIZE, "cpu")
-    plan = _build_plan(md, BLOCK_SIZE)
-    prefills = [i for i, (_, n) in enumerate(seqs) if n > 1]
-    q_lens = [seqs[i][1] for i in prefills]
-    k_lens = [seqs[i][0] + seqs[i][1] for i in prefills]
+    plan, _ = _plan(seqs, tables)
+    cached = [i for i, (c, n) in enumerate(seqs) if n > 1 and c > 0]
+    fresh = [i for i, (c, n) in enumerate(seqs) if n > 1 and c == 0]
+    groups = [g for g in (cached, fresh) if g]
+    assert len(plan.prefills) == len(groups)
     bounds = lambda lens: [sum(lens[:j]) for j in range(len(lens) + 1)]  # noqa: E731
-    assert plan.cu_seqlens_q.dtype == torch.int32 and plan.cu_seqlens_q.tolist() == bounds(q_lens)
-    assert plan.cu_seqlens_k.tolist() == bounds(k_lens)
-    assert (plan.max_q, plan.max_k) == (max(q_lens), max(k_lens))
-    if q_lens == k_lens:
-        assert plan.context_slots is None
-    else:
-        expected = [tables[i][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
-                    for i in prefills for pos in range(seqs[i][0] + seqs[i][1])]
-        assert plan.context_slots.tolist() == expected
+    for part, group in zip(plan.prefills, groups):
+        q_lens = [seqs[i][1] for i in group]
+        k_lens = [seqs[i][0] + seqs[i][1] for i in group]
+        assert part.cu_seqlens_q.dtype == torch.int32 and part.cu_seqlens_q.tolist() == bounds(q_lens)
+        assert part.cu_seqlens_k.tolist() == bounds(k_lens)
+        assert (part.max_q, part.max_k) == (max(q_lens), max(k_lens))
+        if group is fresh:
+            assert part.context_slots is None
+        else:
+            expected = [tables[i][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+                        for i in group for pos in range(seqs[i][0] + seqs[i][1])]
+            assert part.context_slots.tolist() == expected
 
 
 @pytest.mark.gpu

@@ -10,9 +10,10 @@
   tokens up to itself). On SM80+ in fp16/bf16 through FlashAttention
   (``aten._flash_attention_forward``: grouped-query heads natively), else, as on SM70/75,
   through PyTorch's memory-efficient attention (``aten._efficient_attention_forward``, with the
-  kv heads repeated per query head). With a prefix hit the whole context is gathered from the
-  cache, else the new keys/values are used directly. Prefill tokens that lie back to back in
-  the step (the usual layout: decodes first) are used as slices, not gathered and scattered.
+  kv heads repeated per query head). Sequences with a cached prefix run as one call over their
+  whole contexts, gathered from the cache; the others as another, over the step's new
+  keys/values as they are. Rows that lie back to back in the step (the usual layout: decodes
+  first, then the prefills) are used as slices, not gathered and scattered.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtyp
     if not torch.backends.cuda.is_flash_attention_available():
         return "efficient", "this torch build has no FlashAttention kernels"
     return "flash", f"compute capability {capability} with {dtype}"
+
+
+def repeat_heads(x: torch.Tensor, times: int) -> torch.Tensor:
+    """[T, H, D] -> [T, H * times, D], each head `times` times in a row (``repeat_interleave``
+    on dim 1). ATen copies a broadcast view element by element, so the copy moves 8-byte words
+    where the layout allows (a quarter of the elements for fp16) instead of single entries."""
+    t, h, d = x.shape
+    per_word = 8 // x.element_size()
+    if (x.stride(2) == 1 and d % per_word == 0 and x.storage_offset() % per_word == 0
+            and x.stride(0) % per_word == 0 and x.stride(1) % per_word == 0):
+        words = x.view(torch.int64).unsqueeze(2).expand(t, h, times, d // per_word)
+        return words.reshape(t, h * times, d // per_word).view(x.dtype)
+    return x.repeat_interleave(times, dim=1)
 
 
 def _extension_problem() -> str | None:
@@ -98,20 +112,33 @@ class VoltaPagedBackend:
         return VoltaPagedImpl
 
 
+Rows = slice | torch.Tensor  # a step's rows: a slice when back to back, else token indices
+
+
+@dataclass
+class _PrefillPart:
+    """Prefill sequences that run as one variable-length attention call."""
+
+    rows: Rows  # their new tokens
+    cu_seqlens_q: torch.Tensor  # [N + 1] int32
+    cu_seqlens_k: torch.Tensor  # [N + 1] int32 (the same tensor when nothing is cached)
+    max_q: int
+    max_k: int
+    context_slots: torch.Tensor | None  # [sum seq_len] cache slots of whole contexts (prefix hit)
+
+
 @dataclass
 class _MixedPlan:
     """How a step with prefills splits into kernels; built once per metadata, shared by layers."""
 
-    decode_seqs: torch.Tensor | None  # [Bd] sequences with one new token
-    decode_tokens: torch.Tensor | None  # [Bd] their token index
+    decode_rows: Rows | None  # the sequences with one new token (sequence i's row is token i)
+    decode_block_table: torch.Tensor | None
+    decode_seq_lens: torch.Tensor | None
     decode_max_len: int
-    prefill_tokens: torch.Tensor | None  # [Tp] token indices of the other sequences
-    prefill_range: tuple[int, int] | None  # (start, end) when those tokens are back to back
-    cu_seqlens_q: torch.Tensor | None  # [Np + 1] int32
-    cu_seqlens_k: torch.Tensor | None  # [Np + 1] int32 (== cu_seqlens_q without prefix hits)
-    max_q: int
-    max_k: int
-    context_slots: torch.Tensor | None  # [sum seq_len] cache slots of whole contexts (prefix hit)
+    # Sequences with a cached prefix (their keys/values gathered from the cache), then those
+    # without (the step's new keys/values as they are): a step of fresh prompts and one
+    # continued chunk gathers only that chunk's context.
+    prefills: list[_PrefillPart]
 
 
 def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
@@ -119,36 +146,39 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     starts = md.query_start_loc_cpu.tolist()
     seq_lens = md.seq_lens_cpu.tolist()
     q_lens = [starts[i + 1] - starts[i] for i in range(len(seq_lens))]
-    decodes = [i for i, n in enumerate(q_lens) if n == 1]
-    prefills = [i for i, n in enumerate(q_lens) if n > 1]
 
     def on_device(values: Any, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return to_device(values, device, dtype)
 
-    plan = _MixedPlan(None, None, 0, None, None, None, None, 0, 0, None)
-    if decodes:
-        plan.decode_seqs = on_device(decodes)
-        plan.decode_tokens = on_device([starts[i] for i in decodes])
-        plan.decode_max_len = max(seq_lens[i] for i in decodes)
-    if prefills:
-        tokens = [t for i in prefills for t in range(starts[i], starts[i + 1])]
-        if tokens[-1] - tokens[0] + 1 == len(tokens):
-            plan.prefill_range = (tokens[0], tokens[-1] + 1)
-        else:
-            plan.prefill_tokens = on_device(tokens)
-        p_q = [q_lens[i] for i in prefills]
-        p_k = [seq_lens[i] for i in prefills]
-        plan.cu_seqlens_q = on_device(np.cumsum([0] + p_q), torch.int32)
-        plan.max_q = max(p_q)
-        plan.max_k = max(p_k)
-        if p_k == p_q:  # nothing cached before these tokens: keys/values are the new ones
-            plan.cu_seqlens_k = plan.cu_seqlens_q
-        else:
-            plan.cu_seqlens_k = on_device(np.cumsum([0] + p_k), torch.int32)
-            seq_of = on_device(np.repeat(prefills, p_k))
+    def rows(indices: list[int]) -> Rows:
+        if indices[-1] - indices[0] + 1 == len(indices):
+            return slice(indices[0], indices[-1] + 1)
+        return on_device(indices)
+
+    def prefill_part(seqs: list[int]) -> _PrefillPart:
+        p_q = [q_lens[i] for i in seqs]
+        p_k = [seq_lens[i] for i in seqs]
+        cu_q = on_device(np.cumsum([0] + p_q), torch.int32)
+        part = _PrefillPart(rows([t for i in seqs for t in range(starts[i], starts[i + 1])]), cu_q, cu_q,
+                            max(p_q), max(p_k), None)
+        if p_k != p_q:
+            part.cu_seqlens_k = on_device(np.cumsum([0] + p_k), torch.int32)
+            seq_of = on_device(np.repeat(seqs, p_k))
             pos = on_device(np.concatenate([np.arange(n) for n in p_k]))
-            plan.context_slots = (md.block_table[seq_of, pos // block_size].long() * block_size
-                                  + pos % block_size)
+            part.context_slots = md.block_table[seq_of, pos // block_size].long() * block_size + pos % block_size
+        return part
+
+    plan = _MixedPlan(None, None, None, 0, [])
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    if decodes:
+        seqs = rows(decodes)  # consecutive sequences of one token each have consecutive rows
+        plan.decode_rows = rows([starts[i] for i in decodes])
+        plan.decode_block_table = md.block_table[seqs]
+        plan.decode_seq_lens = md.seq_lens[seqs]
+        plan.decode_max_len = max(seq_lens[i] for i in decodes)
+    cached = [i for i, n in enumerate(q_lens) if n > 1 and seq_lens[i] > n]
+    fresh = [i for i, n in enumerate(q_lens) if n > 1 and seq_lens[i] == n]
+    plan.prefills = [prefill_part(group) for group in (cached, fresh) if group]
     return plan
 
 
@@ -195,20 +225,20 @@ class VoltaPagedImpl(AttentionImplBase):
             self._decode(out, q, kv_cache, md.block_table, md.seq_lens, md.max_seq_len)
             return output
         plan = md.step_cached("volta_paged", lambda: _build_plan(md, kv_cache.shape[2]))
-        if plan.decode_seqs is not None:
-            dec_out = torch.empty(plan.decode_seqs.shape[0], h, d, dtype=query.dtype, device=query.device)
-            self._decode(dec_out, q[plan.decode_tokens], kv_cache, md.block_table[plan.decode_seqs],
-                         md.seq_lens[plan.decode_seqs], plan.decode_max_len)
-            out[plan.decode_tokens] = dec_out
-        if plan.prefill_range is not None:
-            start, end = plan.prefill_range
-            result = self._prefill(q[start:end], key[start:end], value[start:end], kv_cache, plan)
-            if (start, end) == (0, query.shape[0]):  # the whole step: no copy
+        rows = plan.decode_rows
+        if isinstance(rows, slice):  # written in place
+            self._decode(out[rows], q[rows], kv_cache, plan.decode_block_table, plan.decode_seq_lens,
+                         plan.decode_max_len)
+        elif rows is not None:
+            dec_out = torch.empty(rows.shape[0], h, d, dtype=query.dtype, device=query.device)
+            self._decode(dec_out, q[rows], kv_cache, plan.decode_block_table, plan.decode_seq_lens,
+                         plan.decode_max_len)
+            out[rows] = dec_out
+        for part in plan.prefills:
+            result = self._prefill(q, key, value, kv_cache, part)
+            if isinstance(part.rows, slice) and part.rows == slice(0, query.shape[0]):  # the whole step
                 return result.view(query.shape)
-            out[start:end] = result
-        elif plan.prefill_tokens is not None:
-            tokens = plan.prefill_tokens
-            out[tokens] = self._prefill(q[tokens], key[tokens], value[tokens], kv_cache, plan)
+            out[part.rows] = result
         return output
 
     def _launch_config(self, num_seqs: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -230,25 +260,26 @@ class VoltaPagedImpl(AttentionImplBase):
                                    **self._launch_config(q.shape[0], q.dtype))
 
     def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 plan: _MixedPlan) -> torch.Tensor:
-        """q [Tq, H, D] and the step's new key/value rows of these sequences -> [Tq, H, D]."""
+                 part: _PrefillPart) -> torch.Tensor:
+        """The part's rows of q [T, H, D], attending to their keys/values -> [rows, H, D]."""
         kh, d = self.num_kv_heads, self.head_size
-        if plan.context_slots is None:
-            k, v = key.view(-1, kh, d), value.view(-1, kh, d)
-        else:  # prefix-cache hit: the whole context (cached prefix + new tokens) from the cache
-            k = kv_cache[0].view(-1, kh, d)[plan.context_slots]
-            v = kv_cache[1].view(-1, kh, d)[plan.context_slots]
+        if part.context_slots is None:  # nothing cached: the step's new keys/values
+            k, v = key[part.rows].view(-1, kh, d), value[part.rows].view(-1, kh, d)
+        else:  # the whole context (cached prefix + new tokens) from the cache
+            k = kv_cache[0].view(-1, kh, d)[part.context_slots]
+            v = kv_cache[1].view(-1, kh, d)[part.context_slots]
+        q = q[part.rows]
         k, v = k.to(q.dtype), v.to(q.dtype)
         if self._prefill_kernel(q) == "flash":
             return torch.ops.aten._flash_attention_forward(
-                q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_q, plan.max_k, 0.0, True, False,
+                q, k, v, part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, True, False,
                 scale=self.scale)[0]
         if self.num_queries_per_kv > 1:  # the kernel wants one kv head per query head
-            k = k.repeat_interleave(self.num_queries_per_kv, dim=1)
-            v = v.repeat_interleave(self.num_queries_per_kv, dim=1)
+            k = repeat_heads(k, self.num_queries_per_kv)
+            v = repeat_heads(v, self.num_queries_per_kv)
         out = torch.ops.aten._efficient_attention_forward(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
-            plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_q, plan.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
+            part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
             False, scale=self.scale)[0]
         return out.squeeze(0)
 
