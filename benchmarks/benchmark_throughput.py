@@ -10,6 +10,7 @@ per-backend results under "results", and ours/transformers under "ratio_vs_hf".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import gpu_clocks  # noqa: E402
 from benchmarks.backends import iter_runners, offline_result  # noqa: E402
 from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
                                  finalize_model_args)
@@ -40,9 +42,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="also report the engine's steps: how many ran prompt tokens "
                              "(prefill) or only decodes, their wall time and their host time "
                              "by phase (schedule, launch, wait for the device, finish)")
+    parser.add_argument("--gpu-stats", action="store_true",
+                        help="also report the GPU's SM clock, power draw and throttle reasons "
+                             "during each timed run (sampled with nvidia-smi every 200 ms)")
     parser.add_argument("--output-json", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     check_positive(args, "input_len", "output_len", "num_prompts", "hf_batch_size")
+    if args.gpu_stats and not gpu_clocks.has_gpu():
+        raise ValueError("--gpu-stats samples an NVIDIA GPU with nvidia-smi; there is no CUDA device here")
     finalize_model_args(args)
     return args
 
@@ -85,6 +92,14 @@ def step_stats(steps: Sequence[StepRecord]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def clock_sampler(args: argparse.Namespace, device: Any) -> Any:
+    """A GpuClockSampler for `device` (None: the current CUDA device) with --gpu-stats, else a
+    context that does nothing."""
+    if not args.gpu_stats:
+        return contextlib.nullcontext()
+    return gpu_clocks.GpuClockSampler(gpu_clocks.nvidia_smi_id(device))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoConfig
 
@@ -102,10 +117,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         kwargs = {}
         if args.step_stats and runner.name == "vllm-volta":
             steps = kwargs["step_times"] = []
-        with timed(runner.device) as t:
+        sampler = clock_sampler(args, runner.device)
+        with sampler, timed(runner.device) as t:
             output_lens = runner.generate(prompts, args.output_len, **kwargs)
         results[runner.name] = {"dtype": str(runner.dtype).removeprefix("torch."),
                                 **throughput_metrics(t["elapsed"], prompts, output_lens)}
+        if args.gpu_stats:
+            results[runner.name]["gpu_stats"] = sampler.summary
+            log(f"{runner.name}: GPU {gpu_clocks.describe(sampler.summary)}")
         log(f"{runner.name}: {results[runner.name]['output_tokens_per_second']:.1f} output tok/s")
         if steps is not None:
             results[runner.name]["step_stats"] = stats = step_stats(steps)

@@ -69,7 +69,7 @@ do_e2e() {
   note "offline throughput, Qwen2.5-1.5B shape, 1000 x 512/256, both modes + transformers"
   python benchmarks/benchmark_modes.py --volta-tree "$volta" --benchmark throughput \
     --config qwen2.5-1.5b --dtype half --max-model-len 1024 --input-len 512 --output-len 256 \
-    --num-prompts 1000 --compare-hf --hf-batch-size 256 --async-scheduling --step-stats \
+    --num-prompts 1000 --compare-hf --hf-batch-size 256 --async-scheduling --step-stats --gpu-stats \
     --output-json "$out/throughput_modes.json" >/dev/null
 }
 
