@@ -150,17 +150,20 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     def on_device(values: Any, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return to_device(values, device, dtype)
 
-    def rows(indices: list[int]) -> Rows:
-        if indices[-1] - indices[0] + 1 == len(indices):
-            return slice(indices[0], indices[-1] + 1)
-        return on_device(indices)
+    def consecutive(seqs: list[int]) -> bool:
+        return seqs[-1] - seqs[0] + 1 == len(seqs)
+
+    def token_rows(seqs: list[int]) -> Rows:
+        """The new tokens of `seqs`: back to back exactly when the sequences are consecutive."""
+        if consecutive(seqs):
+            return slice(starts[seqs[0]], starts[seqs[-1] + 1])
+        return on_device([t for i in seqs for t in range(starts[i], starts[i + 1])])
 
     def prefill_part(seqs: list[int]) -> _PrefillPart:
         p_q = [q_lens[i] for i in seqs]
         p_k = [seq_lens[i] for i in seqs]
         cu_q = on_device(np.cumsum([0] + p_q), torch.int32)
-        part = _PrefillPart(rows([t for i in seqs for t in range(starts[i], starts[i + 1])]), cu_q, cu_q,
-                            max(p_q), max(p_k), None)
+        part = _PrefillPart(token_rows(seqs), cu_q, cu_q, max(p_q), max(p_k), None)
         if p_k != p_q:
             part.cu_seqlens_k = on_device(np.cumsum([0] + p_k), torch.int32)
             seq_of = on_device(np.repeat(seqs, p_k))
@@ -171,8 +174,8 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
     plan = _MixedPlan(None, None, None, 0, [])
     decodes = [i for i, n in enumerate(q_lens) if n == 1]
     if decodes:
-        seqs = rows(decodes)  # consecutive sequences of one token each have consecutive rows
-        plan.decode_rows = rows([starts[i] for i in decodes])
+        seqs = slice(decodes[0], decodes[-1] + 1) if consecutive(decodes) else on_device(decodes)
+        plan.decode_rows = token_rows(decodes)
         plan.decode_block_table = md.block_table[seqs]
         plan.decode_seq_lens = md.seq_lens[seqs]
         plan.decode_max_len = max(seq_lens[i] for i in decodes)
@@ -226,14 +229,14 @@ class VoltaPagedImpl(AttentionImplBase):
             return output
         plan = md.step_cached("volta_paged", lambda: _build_plan(md, kv_cache.shape[2]))
         rows = plan.decode_rows
-        if isinstance(rows, slice):  # written in place
-            self._decode(out[rows], q[rows], kv_cache, plan.decode_block_table, plan.decode_seq_lens,
-                         plan.decode_max_len)
-        elif rows is not None:
-            dec_out = torch.empty(rows.shape[0], h, d, dtype=query.dtype, device=query.device)
+        if rows is not None:
+            in_place = isinstance(rows, slice)  # a view of the output; else gathered rows
+            dec_out = out[rows] if in_place else torch.empty(rows.shape[0], h, d, dtype=query.dtype,
+                                                             device=query.device)
             self._decode(dec_out, q[rows], kv_cache, plan.decode_block_table, plan.decode_seq_lens,
                          plan.decode_max_len)
-            out[rows] = dec_out
+            if not in_place:
+                out[rows] = dec_out
         for part in plan.prefills:
             result = self._prefill(q, key, value, kv_cache, part)
             if isinstance(part.rows, slice) and part.rows == slice(0, query.shape[0]):  # the whole step
