@@ -44,7 +44,9 @@ class Request:
 
     `num_computed_tokens` counts tokens whose KV is in the cache; the tokens still to
     run are `all_token_ids[num_computed_tokens:]`. Full-block hashes (for prefix
-    caching) are kept up to date as tokens are appended.
+    caching) are computed when first asked for (`block_hashes`): adding a request costs no
+    hashing, so an offline batch of prompts reaches the GPU sooner, and a waiting request is
+    hashed when the scheduler looks it up, while the device runs the step before.
     """
 
     def __init__(
@@ -81,8 +83,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.error: str | None = None
         self.block_size = block_size
-        self.block_hashes: list[BlockHash] = []
-        self._update_block_hashes()
+        self._block_hashes: list[BlockHash] = []
         # Filled by the engine: sampled-token logprob entries etc.
         self.extra: dict[str, Any] = {}
 
@@ -104,16 +105,17 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
-        # Cheap test first: most appends do not complete a block.
-        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
-            self._update_block_hashes()
 
-    def _update_block_hashes(self) -> None:
-        # Hash every newly completed full block, chaining on the previous block's hash.
-        bs = self.block_size
-        start = len(self.block_hashes) * bs
-        parent = self.block_hashes[-1] if self.block_hashes else None
-        self.block_hashes += hash_blocks(parent, self.all_token_ids[start:self.num_tokens // bs * bs], bs)
+    @property
+    def block_hashes(self) -> list[BlockHash]:
+        """Chained hashes of every full block of `all_token_ids`; blocks completed since the
+        last call are hashed now."""
+        hashes, bs = self._block_hashes, self.block_size
+        if len(self.all_token_ids) >= (len(hashes) + 1) * bs:  # cheap test: usually no new block
+            start = len(hashes) * bs
+            hashes += hash_blocks(hashes[-1] if hashes else None,
+                                  self.all_token_ids[start:self.num_tokens // bs * bs], bs)
+        return hashes
 
     def __repr__(self) -> str:
         return (f"Request(id={self.request_id!r}, status={self.status.name}, "
