@@ -1,4 +1,5 @@
-"""decode_gemv: linear layers route 1-2 float16 CUDA rows to the gemv kernel, all else to F.linear."""
+"""decode_gemv: linear layers route 1-2 float16 CUDA rows to the gemv kernel, all else to F.linear
+(residual adds: to a GEMM accumulating into the residual)."""
 from __future__ import annotations
 
 import pytest
@@ -40,8 +41,10 @@ def test_cpu_inputs_take_f_linear():
     assert rope_cache_linear(x, torch.randn(24, 16), None, True, norm, rope, positions, cache, slots) is None
     residual = torch.randn(2, 8)
     before = residual.clone()
-    assert add_linear_(residual, x, w, b, use_gemv=True) is False
+    assert add_linear_(residual, x, w, b, use_gemv=True) is False  # a bias: only gemv adds it in place
     assert torch.equal(residual, before)
+    assert add_linear_(residual, x, w, None, use_gemv=True) is True  # the GEMM accumulates
+    torch.testing.assert_close(residual, before + F.linear(x, w))
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
@@ -168,18 +171,28 @@ def test_rope_cache_linear_declines_what_its_kernel_cannot_do(device):
     assert rope_cache_linear(x, w, None, True, None, full, positions, cache.float(), slots) is None
 
 
-@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
-def test_add_linear_adds_into_the_residual_or_declines(device):
-    x = torch.randn(2, 256, dtype=torch.float16, device=device)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("rows, use_gemv", [(2, True), (2, False), (3, True), (64, True)])
+def test_add_linear_adds_into_the_residual(device, rows, use_gemv):
+    # gemv_add (1-2 float16 CUDA rows with gemv on), else the GEMM accumulating into the residual.
+    x = torch.randn(rows, 256, dtype=torch.float16, device=device)
     w = (torch.randn(64, 256, device=device) / 16).half()
-    residual = torch.randn(2, 64, dtype=torch.float16, device=device)
-    expected = (F.linear(x, w).float() + residual.float()).half()
-    assert add_linear_(residual, x, w, None, use_gemv=True)
-    torch.testing.assert_close(residual, expected, atol=4e-3, rtol=4e-3)
+    residual = torch.randn(rows, 64, dtype=torch.float16, device=device)
+    expected = x.float() @ w.float().t() + residual.float()
+    ptr = residual.data_ptr()
+    assert add_linear_(residual, x, w, None, use_gemv=use_gemv)
+    assert residual.data_ptr() == ptr
+    torch.testing.assert_close(residual.float(), expected, atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_add_linear_declines_what_it_cannot_add_in_place(device):
+    x = torch.randn(3, 256, dtype=torch.float16, device=device)
+    w = (torch.randn(64, 256, device=device) / 16).half()
+    residual = torch.randn(3, 64, dtype=torch.float16, device=device)
     before = residual.clone()
-    assert not add_linear_(residual, x, w, None, use_gemv=False)         # switched off
-    assert not add_linear_(residual[:, :32], x, w[:32], None, use_gemv=True)  # residual not contiguous
-    assert not add_linear_(residual.float(), x, w, None, use_gemv=True)  # residual not float16
-    three = torch.randn(3, 256, dtype=torch.float16, device=device)
-    assert not add_linear_(torch.zeros(3, 64, dtype=torch.float16, device=device), three, w, None, True)
+    assert not add_linear_(residual[:, :32], x, w[:32], None, use_gemv=True)      # residual not contiguous
+    assert not add_linear_(residual.float(), x, w, None, use_gemv=True)           # not the input's dtype
+    assert not add_linear_(residual[:2], x, w, None, use_gemv=True)               # not [rows, N]
+    assert not add_linear_(residual, x, w, torch.zeros_like(w[:, 0]), use_gemv=True)  # a bias beyond gemv
     assert torch.equal(residual, before)

@@ -9,12 +9,13 @@ every other case, and every case with VLLM_VOLTA_DECODE_GEMV=0, goes to F.linear
 
 Two epilogues remove a kernel (or, with the V100 adapter, several ATen kernels) per use:
 ``gemv_silu_and_mul`` also applies an MLP's gated activation (``silu_and_mul_linear``), and
-``gemv_add`` adds a projection into the residual stream (``add_linear_``). A decoder layer's
-pre-norms then read the residual stream alone, so they become a prologue of the projection
-they feed (``norm=`` of ``linear`` and ``silu_and_mul_linear``): gemv RMS-normalizes its input
-rows in the same pass (in FP32, without rms_norm's rounding of the normalized row to float16),
-and no norm kernel runs at all. An attention layer's qkv projection also takes over RoPE and
-the KV-cache write (``rope_cache_linear``, the ``gemv_rope_cache`` kernel: what
+``gemv_add`` adds a projection into the residual stream (``add_linear_``; at larger sizes the
+GEMM accumulates into the residual itself). A decoder layer's pre-norms then read the residual
+stream alone. At gemv sizes they become a prologue of the projection they feed (``norm=`` of
+``linear`` and ``silu_and_mul_linear``): gemv RMS-normalizes its input rows in the same pass (in
+FP32, without rms_norm's rounding of the normalized row to float16), and no norm kernel runs at
+all; at larger sizes they are plain rms_norm ops. An attention layer's qkv projection also takes
+over RoPE and the KV-cache write (``rope_cache_linear``, the ``gemv_rope_cache`` kernel: what
 rotary_embedding_and_cache would do next, with the same roundings).
 
 Measured on an H200 (Llama-3-8B projections, one decoder layer's four GEMVs, CUDA graphs):
@@ -149,10 +150,19 @@ def rope_cache_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 use_gemv: bool) -> bool:
-    """``residual += x W^T + b`` in one gemv_add launch, when `use_gemv` and the inputs fit gemv
-    (the residual: a contiguous float16 [rows, N]); returns False, with nothing done, otherwise."""
-    if not (use_gemv and gemv_applies(x, weight) and residual.dtype == torch.float16
-            and residual.shape == (x.shape[0], weight.shape[0]) and residual.is_contiguous()):
+    """``residual += x W^T + b`` in one kernel: gemv_add when `use_gemv` and the inputs fit gemv,
+    else, without a bias, the GEMM adds its product into the residual itself (``addmm_``: beta = 1,
+    one rounding of product + residual). Then the next norm reads the residual alone: a plain
+    rms_norm instead of fused_add_rms_norm, which with the V100 adapter is four ATen kernels.
+    Returns False, with nothing done, when the residual is not a contiguous [rows, N] of x's dtype,
+    or for a biased product too large for gemv."""
+    if not (residual.shape == (x.shape[0], weight.shape[0]) and residual.dtype == x.dtype == weight.dtype
+            and residual.is_contiguous()):
         return False
-    ops.gemv_add(residual, x, weight, bias)
+    if use_gemv and gemv_applies(x, weight):
+        ops.gemv_add(residual, x, weight, bias)
+        return True
+    if bias is not None:
+        return False
+    residual.addmm_(x, weight.t())
     return True
