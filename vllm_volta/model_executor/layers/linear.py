@@ -216,6 +216,7 @@ class RowParallelLinear(LinearBase):
         return out + self.bias if self.bias is not None else out
 
     def add_into_(self, residual: torch.Tensor, x: torch.Tensor) -> bool:
-        """``residual += self(x)`` in one kernel for decode-sized inputs on one rank (gemv_add);
-        returns False, with nothing done, when that does not apply (then call ``forward``)."""
+        """``residual += self(x)`` in one kernel on one rank (decode_gemv.add_linear_: gemv_add,
+        or the GEMM accumulating into the residual); returns False, with nothing done, when that
+        does not apply (then call ``forward``)."""
         return self.tp_size == 1 and add_linear_(residual, x, self.weight, self.bias, self.use_gemv)

@@ -100,10 +100,12 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
 
-    At decode sizes (decode_gemv.py) o_proj and down_proj add their outputs straight into the
-    residual stream (RowParallelLinear.add_into_, one gemv_add kernel each), and each pre-norm
-    is the prologue of the gemv it feeds (qkv_proj, gate_up_proj): no norm kernel runs. A layer
-    then returns ``(None, residual)``: the residual already holds the sum.
+    On one rank o_proj and down_proj add their outputs straight into the residual stream
+    (RowParallelLinear.add_into_: gemv_add at decode sizes, decode_gemv.py, else the GEMM
+    accumulating into the residual), so each pre-norm reads the residual alone: at decode sizes
+    it is the prologue of the gemv it feeds (qkv_proj, gate_up_proj) and no norm kernel runs,
+    else a plain rms_norm. A layer then returns ``(None, residual)``: the residual already holds
+    the sum.
     """
 
     def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module,
