@@ -194,5 +194,6 @@ def test_add_linear_declines_what_it_cannot_add_in_place(device):
     assert not add_linear_(residual[:, :32], x, w[:32], None, use_gemv=True)      # residual not contiguous
     assert not add_linear_(residual.float(), x, w, None, use_gemv=True)           # not the input's dtype
     assert not add_linear_(residual[:2], x, w, None, use_gemv=True)               # not [rows, N]
+    assert not add_linear_(residual, x[:, None], w, None, use_gemv=True)          # x not [rows, K]
     assert not add_linear_(residual, x, w, torch.zeros_like(w[:, 0]), use_gemv=True)  # a bias beyond gemv
     assert torch.equal(residual, before)

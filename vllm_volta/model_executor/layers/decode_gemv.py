@@ -154,10 +154,10 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     else, without a bias, the GEMM adds its product into the residual itself (``addmm_``: beta = 1,
     one rounding of product + residual). Then the next norm reads the residual alone: a plain
     rms_norm instead of fused_add_rms_norm, which with the V100 adapter is four ATen kernels.
-    Returns False, with nothing done, when the residual is not a contiguous [rows, N] of x's dtype,
-    or for a biased product too large for gemv."""
-    if not (residual.shape == (x.shape[0], weight.shape[0]) and residual.dtype == x.dtype == weight.dtype
-            and residual.is_contiguous()):
+    Returns False, with nothing done, unless x is [rows, K] and the residual a contiguous [rows, N]
+    of x's dtype; also for a biased product too large for gemv."""
+    if not (x.dim() == 2 and residual.shape == (x.shape[0], weight.shape[0])
+            and residual.dtype == x.dtype == weight.dtype and residual.is_contiguous()):
         return False
     if use_gemv and gemv_applies(x, weight):
         ops.gemv_add(residual, x, weight, bias)
