@@ -136,9 +136,10 @@ class KVCacheManager:
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock],
                            total_tokens: int) -> None:
         start = self._num_cached_blocks.get(request.request_id, 0)
-        num_full = min(total_tokens // self.block_size, len(request.block_hashes))
+        hashes = request.block_hashes  # a property that hashes new blocks: asked once
+        num_full = min(total_tokens // self.block_size, len(hashes))
         for i in range(start, num_full):
-            self.pool.cache_full_block(req_blocks[i], request.block_hashes[i])
+            self.pool.cache_full_block(req_blocks[i], hashes[i])
         self._num_cached_blocks[request.request_id] = max(start, num_full)
 
     def uncache_uncomputed(self, request: Request, num_computed_tokens: int) -> None:
