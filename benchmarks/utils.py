@@ -200,13 +200,15 @@ def device_info() -> dict[str, Any]:
     else:
         info["device"] = "cpu"
     for var in ("VLLM_VOLTA_DEVICE_CAPABILITY", "TORCH_CUDA_ARCH_LIST", "VLLM_VOLTA_CUDA_GRAPH_CAPTURE",
-                "VLLM_VOLTA_DECODE_GEMV"):
+                "VLLM_VOLTA_DECODE_GEMV", "VLLM_VOLTA_PDL"):
         info[var] = os.environ.get(var)
     try:  # how the ops extension was built: Volta mode needs the adapter build
         import vllm_volta._C as ext
 
         info["extension"] = {"path": ext.__file__, "v100_adapter": bool(ext.V100_ADAPTER),
                              "cuda_archs": ext.CUDA_ARCHS}
+        if torch.cuda.is_available():
+            info["extension"]["programmatic_launch"] = bool(ext.programmatic_launch(torch.cuda.current_device()))
     except (ImportError, AttributeError) as e:
         info["extension"] = {"error": f"{type(e).__name__}: {e}"}
     return info

@@ -211,6 +211,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
                   op, ": 'query' (data pointer and sequence stride), 'kv_cache' and 'out' must be 16-byte aligned");
   torch::stable::accelerator::DeviceGuard guard(query.get_device_index());
   const cudaStream_t stream = current_stream(query);
+  const int device = query.get_device_index();
   const int64_t d = a.cache.head_size;
 
   const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
@@ -257,10 +258,10 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
       if constexpr (!std::is_same_v<T, float>) {
         if (tc.smem > 0) {
           const unsigned tc_threads = static_cast<unsigned>(tc.threads);
-          paged_attention_decode_tc_kernel<T, D><<<grid, tc_threads, static_cast<size_t>(tc.smem), stream>>>(
-              out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
-              static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
-              static_cast<const int*>(seq_lens.data_ptr()), params);
+          launch_kernel(paged_attention_decode_tc_kernel<T, D>, grid, dim3(tc_threads), static_cast<size_t>(tc.smem),
+                        stream, device, out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
+                        static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+                        static_cast<const int*>(seq_lens.data_ptr()), params);
           return;
         }
       }
@@ -269,17 +270,17 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
         constexpr bool EXACT = decltype(exact_tag)::value;
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
         constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
-        kernel<<<grid, fitted_threads<kernel>(query.get_device_index(), num_threads), smem, stream>>>(
-            out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
-            static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
-            static_cast<const int*>(seq_lens.data_ptr()), params);
+        launch_kernel(kernel, grid, dim3(fitted_threads<kernel>(device, num_threads)), smem, stream, device, out_ptr,
+                      part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
+                      static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
+                      static_cast<const int*>(seq_lens.data_ptr()), params);
       });
     });
     if (num_partitions > 1) {
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
-      paged_attention_reduce_kernel<T><<<grid, 128, 0, stream>>>(
-          out_ptr, part_out, part_max, part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
-          static_cast<int>(part_size), static_cast<int>(num_partitions));
+      launch_kernel(paged_attention_reduce_kernel<T>, grid, dim3(128), 0, stream, device, out_ptr, part_out, part_max,
+                    part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
+                    static_cast<int>(part_size), static_cast<int>(num_partitions));
     }
   });
   check_launch(op);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 // Highest numeric target arch of this build (CMakeLists.txt), e.g. 75 for "7.5+PTX".
 #ifndef VLLM_VOLTA_MAX_CUDA_ARCH
@@ -102,6 +103,29 @@ void dispatch_vec_width(int width, F&& f) {
   if (width == 4) return f(IntTag<4>{});
   if (width == 2) return f(IntTag<2>{});
   return f(IntTag<1>{});
+}
+
+// Whether our kernels go out as programmatic dependents on `device` (csrc/programmatic_launch.cu):
+// SM90+, an image compiled for compute_90+, not Volta mode, VLLM_VOLTA_PDL not switched off.
+bool programmatic_launch_enabled(int device);
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch where
+// enabled: the kernel may then start before the previous one in the stream ends, so it must
+// call pdl_wait() (kernels/programmatic_launch.cuh) before reading what that one wrote.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
+                   Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = programmatic_launch_enabled(device) ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // Whether a pointer may be read with 16-byte vector loads.

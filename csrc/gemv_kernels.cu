@@ -61,10 +61,14 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   auto launch = [&](auto m_tag, auto norm_tag) {
     constexpr int M = decltype(m_tag)::value;
     constexpr bool NORM = decltype(norm_tag)::value;
+    auto go = [&](auto kernel) {
+      launch_kernel(kernel, grid, dim3(kGemvThreads), 0, stream, input.get_device_index(), o, a.out_stride, x,
+                    a.in_stride, w, b, n, k, g, eps, rope);
+    };
     switch (rows) {  // R rows x U vectors: 8 weight loads in flight per thread
-      case 2: gemv_kernel<M, 2, 4, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
-      case 4: gemv_kernel<M, 4, 2, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
-      default: gemv_kernel<M, 8, 1, E, NORM><<<grid, kGemvThreads, 0, stream>>>(o, a.out_stride, x, a.in_stride, w, b, n, k, g, eps, rope); break;
+      case 2: go(gemv_kernel<M, 2, 4, E, NORM>); break;
+      case 4: go(gemv_kernel<M, 4, 2, E, NORM>); break;
+      default: go(gemv_kernel<M, 8, 1, E, NORM>); break;
     }
   };
   dispatch_gemv_rows(a.m, [&](auto m_tag) {

@@ -8,9 +8,31 @@
 #define VLLM_VOLTA_CUDA_ARCHS ""
 #endif
 
+#ifdef USE_CUDA
+namespace vllm_volta {
+bool programmatic_launch_enabled(int device);  // csrc/programmatic_launch.cu
+}
+#endif
+
+// programmatic_launch(device: int) -> bool: whether the decode kernels go out as programmatic
+// dependent launches on that CUDA device (always False in a CPU build).
+static PyObject* programmatic_launch(PyObject*, PyObject* arg) {
+  const long device = PyLong_AsLong(arg);
+  if (device == -1 && PyErr_Occurred()) return nullptr;
+#ifdef USE_CUDA
+  return PyBool_FromLong(vllm_volta::programmatic_launch_enabled(static_cast<int>(device)));
+#else
+  return PyBool_FromLong(0);
+#endif
+}
+
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static PyMethodDef methods[] = {
+      {"programmatic_launch", programmatic_launch, METH_O,
+       "Whether the decode kernels are programmatic dependent launches on this CUDA device."},
+      {nullptr, nullptr, 0, nullptr}};
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "vllm-volta ops (torch.ops._C)", -1,
-                                   nullptr, nullptr, nullptr, nullptr, nullptr};
+                                   methods, nullptr, nullptr, nullptr, nullptr};
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
 #ifdef USE_CUDA

@@ -22,6 +22,7 @@ def test_defaults(clean_env, tmp_path):
     assert envs.cpu_kvcache_space_bytes() == 4 * 2**30
     assert envs.VLLM_VOLTA_ATTENTION_BACKEND is None
     assert envs.VLLM_VOLTA_DECODE_GEMV is True
+    assert envs.VLLM_VOLTA_PDL is True
     assert envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "driver"
     clean_env.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert envs.VLLM_VOLTA_CACHE_ROOT == str(tmp_path / "vllm_volta")
@@ -47,6 +48,8 @@ def test_values_are_read_at_access_time(clean_env, tmp_path):
     for text, value in (("0", False), ("Off", False), ("false", False), ("1", True), ("yes", True)):
         clean_env.setenv("VLLM_VOLTA_DECODE_GEMV", text)
         assert envs.VLLM_VOLTA_DECODE_GEMV is value
+        clean_env.setenv("VLLM_VOLTA_PDL", text)
+        assert envs.VLLM_VOLTA_PDL is value
     clean_env.setenv("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "Torch")
     assert envs.VLLM_VOLTA_CUDA_GRAPH_CAPTURE == "torch"
 
@@ -63,6 +66,7 @@ def test_values_are_read_at_access_time(clean_env, tmp_path):
     ("VLLM_VOLTA_CPU_KVCACHE_SPACE", "inf", "positive number of GiB"),
     ("VLLM_VOLTA_CPU_KVCACHE_SPACE", "nan", "positive number of GiB"),
     ("VLLM_VOLTA_DECODE_GEMV", "maybe", "1/0, true/false, yes/no or on/off"),
+    ("VLLM_VOLTA_PDL", "sometimes", "1/0, true/false, yes/no or on/off"),
     ("VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "cupy", "driver or torch"),
 ])
 def test_bad_values_name_the_variable_and_the_form(clean_env, name, bad, expected_form):
@@ -77,7 +81,7 @@ def test_registry_is_documented_and_complete():
     names = {"VLLM_VOLTA_DEVICE_CAPABILITY", "VLLM_VOLTA_LOGGING_LEVEL",
              "VLLM_VOLTA_KERNEL_CONFIG_DIR", "VLLM_VOLTA_CACHE_ROOT",
              "VLLM_VOLTA_CPU_KVCACHE_SPACE", "VLLM_VOLTA_ATTENTION_BACKEND", "VLLM_VOLTA_DECODE_GEMV",
-             "VLLM_VOLTA_CUDA_GRAPH_CAPTURE"}
+             "VLLM_VOLTA_PDL", "VLLM_VOLTA_CUDA_GRAPH_CAPTURE"}
     assert set(envs.ENV_VARS) == names
     assert all(len(v.doc) > 20 for v in envs.ENV_VARS.values())
     assert names <= set(dir(envs))

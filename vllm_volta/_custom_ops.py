@@ -40,6 +40,18 @@ def cuda_bf16_kernels_built() -> bool:
     return bool(_ext.BUILT_WITH_CUDA) and any(int(re.match(r"\d+", a).group()) >= 80 for a in archs)
 
 
+def programmatic_launch(device: int | torch.device) -> bool:
+    """Whether the decode kernels (gemv, paged attention) go out as programmatic dependent
+    launches on this CUDA device: each may then start, issuing its weight loads, while the
+    kernel before it finishes. Needs an SM90+ GPU running an image compiled for compute_90+
+    (not the Volta build's PTX), no VLLM_VOLTA_DEVICE_CAPABILITY below 9.0, and VLLM_VOLTA_PDL
+    not switched off; decided once per device and process (csrc/programmatic_launch.cu)."""
+    from vllm_volta import envs
+    envs.VLLM_VOLTA_PDL  # a malformed switch raises here; the kernels' side reads only on/off
+    index = device.index if isinstance(device, torch.device) else device
+    return bool(_ext.programmatic_launch(torch.cuda.current_device() if index is None else index))
+
+
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
     """out <- input * rsqrt(mean(input^2, -1) + epsilon), rounded to the dtype, times weight."""
     torch.ops._C.rms_norm(out, input, weight, epsilon)

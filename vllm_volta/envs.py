@@ -168,6 +168,14 @@ ENV_VARS: dict[str, EnvVar] = {
             _parse_switch("VLLM_VOLTA_DECODE_GEMV", True),
         ),
         EnvVar(
+            "VLLM_VOLTA_PDL",
+            "Launch the decode kernels (gemv, paged attention) as programmatic dependent launches "
+            "on SM90+ GPUs (on by default): each starts loading its weights while the kernel "
+            "before it finishes. 0 launches them one after the other. Read once per process, "
+            "at the first such launch.",
+            _parse_switch("VLLM_VOLTA_PDL", True),
+        ),
+        EnvVar(
             "VLLM_VOLTA_CUDA_GRAPH_CAPTURE",
             "How decode CUDA graphs are captured: driver (default; the CUDA driver API, see "
             "vllm_volta/worker/driver_graph.py) or torch (torch.cuda.CUDAGraph, also the fallback "

@@ -26,6 +26,7 @@
 #pragma once
 
 #include "kernels/activation.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/rotary.cuh"
 #include "kernels/type_convert.cuh"
@@ -108,15 +109,28 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
   }
 
-  for (int v0 = threadIdx.x; v0 < nvec; v0 += kGemvThreads * U) {
-    uint4 wv[U][R];
+  // Weight vectors v0 + u * kGemvThreads of each row (zero past the end).
+  auto load_weights = [&](int v0, uint4 (&wv)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * kGemvThreads;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[u][r] = v < nvec ? w[r][v] : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  constexpr int kStep = kGemvThreads * U;
+  uint4 wv[U][R];
+  // The weights are constant: their first loads go out before waiting for the kernel that
+  // writes the input (a programmatic dependent launch overlaps them with that kernel's tail).
+  pdl_launch_dependents();
+  load_weights(threadIdx.x, wv);
+  pdl_wait();
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += kStep) {
     float xv[U][M][8];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * kGemvThreads;
       const bool live = v < nvec;
-#pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = live ? w[r][v] : make_uint4(0u, 0u, 0u, 0u);
       float g[8];
       if constexpr (NORM) half8_to_float8(live ? reinterpret_cast<const uint4*>(norm_weight)[v] : make_uint4(0u, 0u, 0u, 0u), g);
 #pragma unroll
@@ -138,6 +152,7 @@ __global__ void __launch_bounds__(kGemvThreads)
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = dot8(wv[u][r], xv[u][m], acc[m][r]);
+    if (v0 + kStep < nvec) load_weights(v0 + kStep, wv);
   }
 
   constexpr int kWarps = kGemvThreads / 32;

@@ -16,6 +16,7 @@
 // them (log-sum-exp rescaling). Everything is fp32 inside; FP16 uses no BF16 path.
 #pragma once
 
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/type_convert.cuh"
 
@@ -63,6 +64,8 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
                                               const T* __restrict__ query, const T* __restrict__ kv_cache,
                                               const int* __restrict__ block_table,
                                               const int* __restrict__ seq_lens, PagedDecodeParams p) {
+  pdl_launch_dependents();
+  pdl_wait();  // the query and this step's keys / values come from the kernel before
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
@@ -271,6 +274,8 @@ __global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* 
                                               const float* __restrict__ part_sum,
                                               const int* __restrict__ seq_lens, int head_size,
                                               int partition_size, int num_partitions) {
+  pdl_launch_dependents();
+  pdl_wait();  // the partitions' results come from the attention kernel before
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {

@@ -243,6 +243,8 @@ __global__ void paged_attention_decode_tc_kernel(T* __restrict__ out, float* __r
                                                  const T* __restrict__ query, const T* __restrict__ kv_cache,
                                                  const int* __restrict__ block_table,
                                                  const int* __restrict__ seq_lens, PagedDecodeParams p) {
+  pdl_launch_dependents();
+  pdl_wait();  // the query and this step's keys / values come from the kernel before
   if constexpr (arch_supports<T>::value)
     paged_attention_decode_tc<T, D>(out, part_out, part_max, part_sum, query, kv_cache, block_table, seq_lens, p);
   else

@@ -100,3 +100,19 @@ def test_kernel_headers_compile_for_volta_with_nvrtc(header):
         assert "trap;" in ptx, "the bf16 instances should compile to a trap below SM80"
     if header == "kernels/paged_attention_tc.cuh":  # Volta's tensor cores, FP32 accumulation
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.(col|row)\.m8n32k16\.f32\.f32", ptx)
+
+
+@pytest.mark.skipif(load_nvrtc_12() is None, reason="NVRTC 12 for CUDA (pip nvidia-cuda-nvrtc-cu12) not installed")
+@pytest.mark.skipif(find_cuda_home() is None, reason="CUDA toolkit headers (cuda_fp16.h) not found")
+@pytest.mark.parametrize("arch", ["compute_70", "compute_75", "compute_90"])
+@pytest.mark.parametrize("header", ["kernels/gemv.cuh", "kernels/paged_attention_tc.cuh"])
+def test_programmatic_launch_instructions_only_from_sm90(header, arch):
+    # The decode kernels wait for, and release, programmatic dependents with griddepcontrol
+    # (kernels/programmatic_launch.cuh): PTX of compute_90 has both; older targets neither (the
+    # host then never launches them as dependents: csrc/programmatic_launch.cu).
+    lib = load_nvrtc_12()
+    rc, log, ptx = nvrtc_compile(lib, f'#include "{header}"\n', NVRTC_UNITS[header][:2], arch,
+                                 [CSRC, find_cuda_home() / "include"])
+    assert rc == 0, f"NVRTC {arch} failed for {header}:\n{log}"
+    for instruction in ("griddepcontrol.wait", "griddepcontrol.launch_dependents"):
+        assert (instruction in ptx) == (arch == "compute_90"), (instruction, arch)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_volta import _custom_ops as ops
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.driver_graph import DriverGraph, capture_graph, choose_capture_path
@@ -108,7 +109,9 @@ class CudaGraphRunner:
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)
         used = before - torch.cuda.mem_get_info(self.runner.device)[0]
-        logger.info("Captured CUDA graphs (%s) for decode batch sizes %s (%.0f MiB)", how, self.sizes,
+        pdl = ops.has_cuda_kernel("gemv") and ops.programmatic_launch(self.runner.device)
+        logger.info("Captured CUDA graphs (%s%s) for decode batch sizes %s (%.0f MiB)", how,
+                    ", decode kernels as programmatic dependent launches" if pdl else "", self.sizes,
                     used / 2**20)
 
     def can_run(self, inp: ModelInput) -> bool:
