@@ -12,8 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -76,14 +74,9 @@ struct TcDevice {
 // with fewer warps, else the CUDA-core kernel runs. Blocks per SM still come from this GPU. The
 // limit in bytes, or 0 when unset or not below this device's.
 int emulated_block_smem_limit(int device) {
-  const char* value = std::getenv("VLLM_VOLTA_DEVICE_CAPABILITY");
-  if (value == nullptr) return 0;
-  int major = 0, minor = 0;
-  if (std::sscanf(value, "%d.%d", &major, &minor) != 2) {  // "7.0", else "70"
-    if (major < 10) return 0;
-    minor = major % 10;
-    major /= 10;
-  }
+  const int sm = emulated_device_sm();
+  if (sm < 10) return 0;  // unset
+  const int major = sm / 10, minor = sm % 10;
   int smem = 0;
   if (major == 7) smem = (minor == 5 ? 64 : 96) * 1024;
   if (major == 8) smem = (minor == 0 || minor == 7 ? 164 : 100) * 1024;

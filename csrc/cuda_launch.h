@@ -105,6 +105,10 @@ void dispatch_vec_width(int width, F&& f) {
   return f(IntTag<1>{});
 }
 
+// VLLM_VOLTA_DEVICE_CAPABILITY ("7.0" or "70", as envs.py parses it) as major * 10 + minor, or
+// 0 when unset: Volta mode on a newer GPU (csrc/programmatic_launch.cu).
+int emulated_device_sm();
+
 // Whether our kernels go out as programmatic dependents on `device` (csrc/programmatic_launch.cu):
 // SM90+, an image compiled for compute_90+, not Volta mode, VLLM_VOLTA_PDL not switched off.
 bool programmatic_launch_enabled(int device);

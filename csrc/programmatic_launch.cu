@@ -1,5 +1,6 @@
 // Whether our decode kernels are launched as programmatic dependents (see
-// kernels/programmatic_launch.cuh and launch_kernel in cuda_launch.h), decided once per device.
+// kernels/programmatic_launch.cuh and launch_kernel in cuda_launch.h), decided once per device;
+// and the capability Volta mode emulates (VLLM_VOLTA_DEVICE_CAPABILITY), which both read.
 #include "cuda_launch.h"
 
 #include <atomic>
@@ -28,18 +29,9 @@ bool env_switched_off(const char* name) {
          std::strcmp(v, "off") == 0;
 }
 
-// VLLM_VOLTA_DEVICE_CAPABILITY as major * 10 + minor ("7.0" or "70"), or 0 when unset.
-int emulated_sm() {
-  const char* value = std::getenv("VLLM_VOLTA_DEVICE_CAPABILITY");
-  int major = 0, minor = 0;
-  if (value == nullptr) return 0;
-  if (std::sscanf(value, "%d.%d", &major, &minor) == 2) return major * 10 + minor;
-  return major;  // "70"
-}
-
 bool decide(int device) {
   if (env_switched_off("VLLM_VOLTA_PDL")) return false;
-  const int emulated = emulated_sm();
+  const int emulated = emulated_device_sm();
   if (emulated != 0 && emulated < 90) return false;  // Volta mode: as on a GPU without it
   if (device_sm(device) < 90) return false;
   cudaFuncAttributes attr{};
@@ -53,6 +45,14 @@ bool decide(int device) {
 }
 
 }  // namespace
+
+int emulated_device_sm() {
+  const char* value = std::getenv("VLLM_VOLTA_DEVICE_CAPABILITY");
+  int major = 0, minor = 0;
+  if (value == nullptr) return 0;
+  if (std::sscanf(value, "%d.%d", &major, &minor) == 2) return major * 10 + minor;
+  return major;  // "70" (or nothing parsable: 0)
+}
 
 bool programmatic_launch_enabled(int device) {
   constexpr int kMaxDevices = 64;
