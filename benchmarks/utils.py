@@ -208,7 +208,9 @@ def device_info() -> dict[str, Any]:
         info["extension"] = {"path": ext.__file__, "v100_adapter": bool(ext.V100_ADAPTER),
                              "cuda_archs": ext.CUDA_ARCHS}
         if torch.cuda.is_available():
-            info["extension"]["programmatic_launch"] = bool(ext.programmatic_launch(torch.cuda.current_device()))
+            from vllm_volta import _custom_ops
+
+            info["extension"]["programmatic_launch"] = _custom_ops.programmatic_launch(torch.cuda.current_device())
     except (ImportError, AttributeError) as e:
         info["extension"] = {"error": f"{type(e).__name__}: {e}"}
     return info

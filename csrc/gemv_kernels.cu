@@ -46,7 +46,8 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   const auto [out_begin, out_end] = span(out);
   const auto [in_begin, in_end] = span(input);
   VLLM_VOLTA_CHECK(out_end <= in_begin || in_end <= out_begin, op, ": 'out' must not overlap 'input'");
-  torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
+  const int device = input.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(input);
   const int64_t rows = rows_per_block == 0 ? kGemvDefaultRowsPerBlock : rows_per_block;
   auto* o = static_cast<__half*>(out.data_ptr());
@@ -62,8 +63,8 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
     constexpr int M = decltype(m_tag)::value;
     constexpr bool NORM = decltype(norm_tag)::value;
     auto go = [&](auto kernel) {
-      launch_kernel(kernel, grid, dim3(kGemvThreads), 0, stream, input.get_device_index(), o, a.out_stride, x,
-                    a.in_stride, w, b, n, k, g, eps, rope);
+      launch_kernel(kernel, grid, dim3(kGemvThreads), 0, stream, device, o, a.out_stride, x, a.in_stride, w, b, n,
+                    k, g, eps, rope);
     };
     switch (rows) {  // R rows x U vectors: 8 weight loads in flight per thread
       case 2: go(gemv_kernel<M, 2, 4, E, NORM>); break;

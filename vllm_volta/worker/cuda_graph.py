@@ -109,7 +109,7 @@ class CudaGraphRunner:
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)
         used = before - torch.cuda.mem_get_info(self.runner.device)[0]
-        pdl = ops.has_cuda_kernel("gemv") and ops.programmatic_launch(self.runner.device)
+        pdl = ops.programmatic_launch(self.runner.device)
         logger.info("Captured CUDA graphs (%s%s) for decode batch sizes %s (%.0f MiB)", how,
                     ", decode kernels as programmatic dependent launches" if pdl else "", self.sizes,
                     used / 2**20)
