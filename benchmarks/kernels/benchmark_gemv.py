@@ -7,7 +7,9 @@ CUDA graph runs the product over enough distinct weight matrices to exceed the L
 (DRAM-bound, like a decode step), for cuBLAS and for gemv at each rows_per_block. Prints one
 JSON document: microseconds per call, the fraction of the device-to-device copy bandwidth
 measured in the same run (weight bytes / time), and per M the whole layer's sum for cuBLAS and
-for gemv's automatic launch. Float16 only (gemv's dtype).
+for gemv's automatic launch. `launch_split`: the largest projection at M = 1 as 1, 2, 4, 8 and
+16 gemv launches over slices of its rows (the same bytes, more kernel boundaries), and the time
+each extra launch adds (the slope from 1 to 16). Float16 only (gemv's dtype).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from benchmarks.utils import (device_info, log, measure_copy_bandwidth, require_
                               run_and_emit)
 
 ROWS_PER_BLOCK = (0, 2, 4, 8)  # 0: the kernel's automatic choice
+LAUNCH_SPLITS = (1, 2, 4, 8, 16)
 
 
 def layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
@@ -84,7 +87,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "gemv_speedup": t["cublas"] / t["gemv_r0"]} for m, t in layer.items()]
     return {"benchmark": "kernels/gemv", "config": args.config, "device_info": device_info(),
             "copy_bandwidth_bytes_per_s": copy_bw, "copy_bandwidth_counts": "bytes read + bytes written",
-            "results": results, "per_layer": per_layer}
+            "results": results, "per_layer": per_layer, "launch_split": launch_split(config, device)}
+
+
+def row_slices(n: int, pieces: int) -> list[slice]:
+    """`pieces` consecutive slices of range(n), as equal as possible (none empty)."""
+    if not 1 <= pieces <= n:
+        raise ValueError(f"pieces must be in 1..{n}, got {pieces}")
+    bounds = [n * i // pieces for i in range(pieces + 1)]
+    return [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def launch_split(config: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The largest projection at M = 1 as 1..16 gemv launches over row slices: what a kernel
+    boundary between decode GEMVs costs (its launch, the first loads' latency, the tail)."""
+    from vllm_volta import _custom_ops as ops
+
+    name, (n, k) = max(layer_shapes(config).items(), key=lambda item: item[1][0] * item[1][1])
+    weights = [torch.randn(n, k, dtype=torch.float16, device=device) for _ in range(num_arg_sets(n * k * 2))]
+    x = torch.randn(1, k, dtype=torch.float16, device=device)
+    out = torch.empty(1, n, dtype=torch.float16, device=device)
+    us = {}
+    for pieces in LAUNCH_SPLITS:
+        calls = [lambda w=w, rows=rows: ops.gemv(out[:, rows], x, w[rows]) for w in weights
+                 for rows in row_slices(n, pieces)]
+        us[pieces] = graph_replay_seconds(lambda: [call() for call in calls], device, replays=5) / len(weights) * 1e6
+        log(f"{name} {n}x{k} M=1 as {pieces:>2} launches: {us[pieces]:7.2f} us")
+    first, last = LAUNCH_SPLITS[0], LAUNCH_SPLITS[-1]
+    return {"proj": name, "n": n, "k": k, "us_by_launches": us,
+            "us_per_extra_launch": (us[last] - us[first]) / (last - first)}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

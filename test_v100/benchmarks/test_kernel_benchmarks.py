@@ -61,6 +61,18 @@ def test_gemv_benchmark_shapes_come_from_the_config():
         parse_args(["--batch-sizes", "1", "8"])
 
 
+def test_gemv_launch_split_slices_cover_the_rows_once():
+    from benchmarks.kernels.benchmark_gemv import row_slices
+
+    for n, pieces in ((28672, 16), (10, 3), (7, 7), (5, 1)):
+        slices = row_slices(n, pieces)
+        rows = [r for s in slices for r in range(n)[s]]
+        assert rows == list(range(n)) and len(slices) == pieces
+        assert max(s.stop - s.start for s in slices) - min(s.stop - s.start for s in slices) <= 1
+    with pytest.raises(ValueError, match="pieces must be in 1..4"):
+        row_slices(4, 5)
+
+
 def test_graph_capture_benchmark_arguments_and_cuda_requirement(monkeypatch):
     from benchmarks.kernels import benchmark_graph_capture as bench
 
