@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -46,6 +48,9 @@ def _tp_worker(rank: int, folder: str, init_file: str) -> None:
         dist.barrier()  # both ranks done communicating before either tears its group down
     finally:
         dist.destroy_process_group()
+    # Passed: leave without the interpreter's teardown, where gloo's threads once aborted a rank
+    # after a passing run ("terminate called without an active exception", SIGABRT) in CI.
+    os._exit(0)
 
 
 def test_tp2_model_matches_transformers(tmp_path):
