@@ -202,9 +202,9 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   VLLM_VOLTA_CHECK(is_aligned16(query.data_ptr()) && is_aligned16(kv_cache.data_ptr()) && is_aligned16(out.data_ptr()) &&
                       q_stride * static_cast<int64_t>(query.element_size()) % 16 == 0,
                   op, ": 'query' (data pointer and sequence stride), 'kv_cache' and 'out' must be 16-byte aligned");
-  torch::stable::accelerator::DeviceGuard guard(query.get_device_index());
-  const cudaStream_t stream = current_stream(query);
   const int device = query.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  const cudaStream_t stream = current_stream(query);
   const int64_t d = a.cache.head_size;
 
   const int64_t hpb = heads_per_block(a.num_heads / a.cache.num_kv_heads);
@@ -213,7 +213,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   auto plan = [&](auto type_tag) {
     dispatch_head_size(d, [&](auto d_tag) {
       tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(
-          query.get_device_index(), blocks_per_partition, max_seq_len, partition_size, a.num_partitions,
+          device, blocks_per_partition, max_seq_len, partition_size, a.num_partitions,
           num_threads, hpb);
     });
   };

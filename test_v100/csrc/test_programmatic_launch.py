@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import vllm_volta._C as ext
-from vllm_volta import _custom_ops as ops
+from vllm_volta import _custom_ops as ops, envs
 
 from .op_cases import requires_gpu
 
@@ -24,14 +24,13 @@ gpu = [pytest.mark.gpu, requires_gpu]
 def _expected_on() -> bool:
     props = torch.cuda.get_device_properties(0)
     archs = [int(re.match(r"\d+", a).group()) for a in ext.CUDA_ARCHS.split(",") if a]
-    emulated = os.environ.get("VLLM_VOLTA_DEVICE_CAPABILITY")
-    volta_mode = emulated is not None and float(emulated if "." in emulated else int(emulated) / 10) < 9.0
-    pdl_off = os.environ.get("VLLM_VOLTA_PDL", "").lower() in ("0", "false", "no", "off")
+    emulated = envs.VLLM_VOLTA_DEVICE_CAPABILITY
+    volta_mode = emulated is not None and emulated < (9, 0)
     # The image that runs is the build's newest arch up to the device's: it has the instructions
     # when that arch is 9.0 or newer (the Volta build's 7.5+PTX never).
     sm = props.major * 10 + props.minor
     image = max((a for a in archs if a <= sm), default=0)
-    return image >= 90 and not volta_mode and not pdl_off
+    return image >= 90 and not volta_mode and envs.VLLM_VOLTA_PDL
 
 
 def test_a_malformed_switch_names_the_variable(monkeypatch):
