@@ -41,6 +41,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--output-json", default=None)
+    parser.add_argument("--chrome-trace", default=None, metavar="PATH",
+                        help="also write the profiled steps as a Chrome trace (kernel order, gaps)")
     args = parser.parse_args(argv)
     check_positive(args, "batch_size", "input_len", "output_len", "profile_steps", "top")
     if args.phase == "decode" and args.output_len <= args.warmup_steps + args.profile_steps:
@@ -135,6 +137,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CPU]
                  + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])) as prof:
         wall, steps = timed_steps(runner, args, "profiled")
+    if args.chrome_trace:
+        prof.export_chrome_trace(args.chrome_trace)
     # Unprofiled timing of the same kind of steps (the profiler adds host overhead).
     wall_plain, plain_steps = timed_steps(runner, args, "plain")
     busy_us, kernels = kernel_table(prof.events(), steps, args.top)

@@ -29,8 +29,11 @@ inline void check_row_vector(const char* op, const VecArg& v, int64_t rows, cons
   check_same_device(op, v.name, v.t, logits, "logits");
 }
 
-// greedy_sample: sampled [B] int64, logits [B, V] (float dtype, rows may be strided).
-inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const Tensor& logits) {
+// greedy_sample: sampled [B] int64, logits [B, V] (float dtype, rows may be strided), workspace
+// int64 with at least 2B entries, all zero (not checked: that would need a device sync; the
+// kernel leaves them zero again).
+inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const Tensor& logits,
+                                    const Tensor& workspace) {
   check_float_dtype(op, "logits", logits);
   VLLM_VOLTA_CHECK(logits.dim() == 2, op, ": 'logits' must be [num_rows, vocab_size], got ", logits.dim(),
                   " dimension(s)");
@@ -39,15 +42,20 @@ inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const
   VLLM_VOLTA_CHECK(vocab >= 1 && vocab < (int64_t{1} << 30), op, ": vocab_size must be in [1, 2^30), got ", vocab);
   VLLM_VOLTA_CHECK(vocab == 1 || logits.stride(1) == 1, op, ": 'logits' must be contiguous in its last dimension");
   check_row_vector(op, {"sampled", sampled, ScalarType::Long, "int64"}, rows, logits);
+  VLLM_VOLTA_CHECK(workspace.scalar_type() == ScalarType::Long && workspace.dim() == 1 && workspace.is_contiguous(),
+                  op, ": 'workspace' must be a contiguous 1-D int64 tensor");
+  VLLM_VOLTA_CHECK(workspace.size(0) >= 2 * rows, op, ": 'workspace' must have at least 2 entries per row of ",
+                  "'logits' (", 2 * rows, "), got ", workspace.size(0));
+  check_same_device(op, "workspace", workspace, logits, "logits");
   return {rows, vocab, rows > 1 ? logits.stride(0) : vocab};
 }
 
 // gumbel_sample: as greedy_sample, plus temperature [B] float32 (> 0, not checked: that would
 // need a device sync) and seeds [B] int64.
 inline SampleArgs check_gumbel_sample_args(const Tensor& sampled, const Tensor& logits, const Tensor& temperature,
-                                           const Tensor& seeds) {
+                                           const Tensor& seeds, const Tensor& workspace) {
   const char* op = "gumbel_sample";
-  const SampleArgs a = check_sample_args(op, sampled, logits);
+  const SampleArgs a = check_sample_args(op, sampled, logits, workspace);
   check_row_vector(op, {"temperature", temperature, ScalarType::Float, "float32"}, a.rows, logits);
   check_row_vector(op, {"seeds", seeds, ScalarType::Long, "int64"}, a.rows, logits);
   return a;

@@ -9,16 +9,18 @@ namespace vllm_volta {
 
 namespace {
 
-// Zero the per-row winners, fold every vocabulary span into them, unpack the token ids.
+// One launch: every vocabulary span folded into the row's winner in the (zeroed) workspace, whose
+// last block writes the token id and zeroes its workspace entries again.
 template <bool NOISE>
-void launch_argmax(const char* op, Tensor sampled, Tensor logits, const SampleArgs& a, const float* temperature,
-                   const int64_t* seeds) {
+void launch_argmax(const char* op, Tensor sampled, Tensor logits, Tensor workspace, const SampleArgs& a,
+                   const float* temperature, const int64_t* seeds) {
   check_cuda(op, "logits", logits);
   if (a.rows == 0) return;
   torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
   const cudaStream_t stream = current_stream(logits);
-  auto* best = static_cast<unsigned long long*>(sampled.data_ptr());
-  cudaMemsetAsync(best, 0, static_cast<size_t>(a.rows) * sizeof(unsigned long long), stream);
+  auto* best = static_cast<unsigned long long*>(workspace.data_ptr());
+  auto* arrived = best + a.rows;
+  auto* out = static_cast<int64_t*>(sampled.data_ptr());
   dispatch_float_type(op, logits, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     const auto* x = static_cast<const T*>(logits.data_ptr());
@@ -27,24 +29,22 @@ void launch_argmax(const char* op, Tensor sampled, Tensor logits, const SampleAr
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(ceil_div(a.vocab, kSampleBlockSpan)));
     const int vocab = static_cast<int>(a.vocab);  // < 2^30, checked
     auto* kernel = aligned ? gumbel_argmax_kernel<T, NOISE, true> : gumbel_argmax_kernel<T, NOISE, false>;
-    kernel<<<grid, kSampleThreads, 0, stream>>>(best, x, a.row_stride, vocab, temperature, seeds);
+    kernel<<<grid, kSampleThreads, 0, stream>>>(out, best, arrived, x, a.row_stride, vocab, temperature, seeds);
   });
-  gumbel_unpack_kernel<<<static_cast<unsigned>(ceil_div(a.rows, 256)), 256, 0, stream>>>(
-      static_cast<int64_t*>(sampled.data_ptr()), a.rows);
   check_launch(op);
 }
 
 }  // namespace
 
-void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
-  const SampleArgs a = check_gumbel_sample_args(sampled, logits, temperature, seeds);
-  launch_argmax<true>("gumbel_sample", sampled, logits, a, static_cast<const float*>(temperature.data_ptr()),
-                      static_cast<const int64_t*>(seeds.data_ptr()));
+void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace) {
+  const SampleArgs a = check_gumbel_sample_args(sampled, logits, temperature, seeds, workspace);
+  launch_argmax<true>("gumbel_sample", sampled, logits, workspace, a,
+                      static_cast<const float*>(temperature.data_ptr()), static_cast<const int64_t*>(seeds.data_ptr()));
 }
 
-void greedy_sample(Tensor sampled, Tensor logits) {
-  const SampleArgs a = check_sample_args("greedy_sample", sampled, logits);
-  launch_argmax<false>("greedy_sample", sampled, logits, a, nullptr, nullptr);
+void greedy_sample(Tensor sampled, Tensor logits, Tensor workspace) {
+  const SampleArgs a = check_sample_args("greedy_sample", sampled, logits, workspace);
+  launch_argmax<false>("greedy_sample", sampled, logits, workspace, a, nullptr, nullptr);
 }
 
 }  // namespace vllm_volta

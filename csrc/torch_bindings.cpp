@@ -55,10 +55,12 @@ void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key,
                                         cos_sin_cache);
 }
 
-void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds) {
-  check_gumbel_sample_args(sampled, logits, temperature, seeds);
+void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace) {
+  check_gumbel_sample_args(sampled, logits, temperature, seeds, workspace);
 }
-void meta_greedy_sample(Tensor sampled, Tensor logits) { check_sample_args("greedy_sample", sampled, logits); }
+void meta_greedy_sample(Tensor sampled, Tensor logits, Tensor workspace) {
+  check_sample_args("greedy_sample", sampled, logits, workspace);
+}
 
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
                std::optional<Tensor> norm_weight, double epsilon) {
@@ -109,10 +111,11 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // rotary_embedding on query/key, then reshape_and_cache of the rotated key and value, in one kernel.
   m.def("rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, Tensor! kv_cache, "
         "Tensor slot_mapping, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()");
-  // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i].
-  m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()");
+  // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i];
+  // workspace: >= 2 int64 zeros per row, zero again after the call.
+  m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor! workspace) -> ()");
   // sampled[i] = argmax(logits[i]) (the lowest index among equal maxima; NaN never wins).
-  m.def("greedy_sample(Tensor! sampled, Tensor logits) -> ()");
+  m.def("greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4;
   // with norm_weight, of rms_norm(input, norm_weight, epsilon) instead of input (a pre-norm).
   m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "

@@ -126,23 +126,46 @@ def rotary_embedding_and_cache(positions: torch.Tensor, query: torch.Tensor, key
                                             cos_sin_cache, is_neox)
 
 
+# Per (device, stream): the sampling kernels' workspace, zeros between calls (each call leaves it
+# zero again), so no clearing launch runs per step. Calls on one stream run one after another.
+_sample_workspaces: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def sample_workspace(logits: torch.Tensor) -> torch.Tensor:
+    """A zeroed int64 workspace of at least 2 entries per row of ``logits`` for the current
+    stream of its device, kept for later calls (grown, never shrunk)."""
+    key = (logits.device, torch.cuda.current_stream(logits.device).cuda_stream)
+    ws = _sample_workspaces.get(key)
+    need = 2 * logits.shape[0]
+    if ws is None or ws.numel() < need:
+        ws = torch.zeros(max(need, 2 * 256), dtype=torch.int64, device=logits.device)
+        _sample_workspaces[key] = ws
+    return ws
+
+
 def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
-                  seeds: torch.Tensor) -> None:
+                  seeds: torch.Tensor, workspace: torch.Tensor | None = None) -> None:
     """``sampled[i]`` <- a draw from softmax(logits[i] / temperature[i]). CUDA only.
 
     One pass over the logits (any float dtype, rows may be strided): the argmax of
     logits / T plus Gumbel noise from a Philox stream keyed by ``seeds[i]`` (int64), so a row's
     draw depends only on its seed and logits. ``sampled`` int64 [B]; ``temperature`` float32
-    [B], > 0 (not checked: that would need a device sync).
+    [B], > 0 (not checked: that would need a device sync). ``workspace``: int64 zeros, 2 per
+    row, left zero (default: ``sample_workspace``).
     """
-    torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds)
+    if workspace is None:
+        workspace = sample_workspace(logits)
+    torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds, workspace)
 
 
-def greedy_sample(sampled: torch.Tensor, logits: torch.Tensor) -> None:
+def greedy_sample(sampled: torch.Tensor, logits: torch.Tensor,
+                  workspace: torch.Tensor | None = None) -> None:
     """``sampled[i]`` <- argmax of ``logits[i]``: the lowest index among equal maxima, as
     ``torch.argmax``, but NaN never wins. CUDA only; the same one-pass, many-block kernel as
     ``gumbel_sample`` without the noise (ATen's argmax reduces a row in one block)."""
-    torch.ops._C.greedy_sample(sampled, logits)
+    if workspace is None:
+        workspace = sample_workspace(logits)
+    torch.ops._C.greedy_sample(sampled, logits, workspace)
 
 
 def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

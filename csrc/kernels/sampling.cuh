@@ -62,16 +62,21 @@ __device__ __forceinline__ void consider(float logit, float inv_t, unsigned bits
 }
 
 // Grid (rows, ceil(vocab / kSampleBlockSpan)): each block folds its span of one row into
-// best[row] with one 64-bit atomicMax (best[] zeroed before). A thread reads its entries as
-// 16-byte vectors (VEC: the row start and stride keep them aligned, checked by the host) of
-// N entries, vector v of thread t at entry span + (v * kSampleThreads + t) * N, so a warp
-// reads 512 consecutive bytes per load; ragged ends and unaligned rows go entry by entry.
-// The noise of entry i is word i % 4 of Philox(counter i / 4), whatever the path.
+// best[row] with one 64-bit atomicMax, then counts itself in arrived[row]; the row's last block
+// to arrive writes the winner's token id to sampled[row] (0 when the row had no candidate) and
+// sets best[row] and arrived[row] back to 0. So best[] and arrived[] (the caller's workspace)
+// must be zero before a launch and are zero again after it: no clearing or unpacking launch.
+// A thread reads its entries as 16-byte vectors (VEC: the row start and stride keep them
+// aligned, checked by the host) of N entries, vector v of thread t at entry
+// span + (v * kSampleThreads + t) * N, so a warp reads 512 consecutive bytes per load; ragged
+// ends and unaligned rows go entry by entry. The noise of entry i is word i % 4 of
+// Philox(counter i / 4), whatever the path.
 // NOISE false: the plain argmax of the logits (greedy sampling; temperature and seeds are
 // not read).
 template <typename T, bool NOISE, bool VEC>
 __global__ void __launch_bounds__(kSampleThreads)
-    gumbel_argmax_kernel(unsigned long long* __restrict__ best, const T* __restrict__ logits, int64_t row_stride,
+    gumbel_argmax_kernel(int64_t* __restrict__ sampled, unsigned long long* __restrict__ best,
+                         unsigned long long* __restrict__ arrived, const T* __restrict__ logits, int64_t row_stride,
                          int vocab, const float* __restrict__ temperature, const int64_t* __restrict__ seeds) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
@@ -123,16 +128,16 @@ __global__ void __launch_bounds__(kSampleThreads)
 #pragma unroll
       for (int w = 1; w < kSampleThreads / 32; ++w) local = max(local, per_warp[w]);
       if (local != 0) atomicMax(best + blockIdx.x, local);
+      __threadfence();  // this block's atomicMax lands before its arrival is counted
+      if (atomicAdd(arrived + blockIdx.x, 1ull) == gridDim.y - 1) {
+        // Every block of the row has folded its span in: take the winner, leave zeros behind.
+        __threadfence();
+        const unsigned long long v = atomicExch(best + blockIdx.x, 0ull);
+        arrived[blockIdx.x] = 0;
+        sampled[blockIdx.x] = v == 0 ? 0 : static_cast<int64_t>(0xFFFFFFFFu - static_cast<unsigned>(v));
+      }
     }
   }
-}
-
-// In place: the packed winner of each row -> its token id (0 when a row had no candidate).
-__global__ void gumbel_unpack_kernel(int64_t* __restrict__ sampled, int64_t rows) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= rows) return;
-  const unsigned long long v = static_cast<unsigned long long>(sampled[row]);
-  sampled[row] = v == 0 ? 0 : static_cast<int64_t>(0xFFFFFFFFu - static_cast<unsigned>(v));
 }
 
 }  // namespace vllm_volta

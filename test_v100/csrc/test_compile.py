@@ -74,8 +74,7 @@ NVRTC_UNITS = {
                            for neox in ("true", "false") for cache in ("true", "false")],
     "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}, {noise}, {vec}>"
                              for t in ("__half", "float", "__nv_bfloat16") for noise in ("true", "false")
-                             for vec in ("true", "false")]
-    + ["&vllm_volta::gumbel_unpack_kernel"],
+                             for vec in ("true", "false")],
     "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvEpilogue::{e}, {norm}>"
                          for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))
                          for e, norm in (("kNone", "false"), ("kNone", "true"), ("kSiluAndMul", "false"),

@@ -31,8 +31,9 @@ CUDA_ONLY_OPS = {
         "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
         "bool is_neox) -> ()"
     ),
-    "gumbel_sample": "gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds) -> ()",
-    "greedy_sample": "greedy_sample(Tensor! sampled, Tensor logits) -> ()",
+    "gumbel_sample": ("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds, "
+                      "Tensor! workspace) -> ()"),
+    "greedy_sample": "greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace) -> ()",
     "gemv": ("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
              "Tensor? norm_weight=None, float epsilon=0.0) -> ()"),
     "gemv_rope_cache": (

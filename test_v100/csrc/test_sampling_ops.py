@@ -162,12 +162,39 @@ def test_greedy_sample_skips_nan_and_handles_all_masked_rows():
     assert out.tolist() == [9000, 0]  # an all -inf row has the first index (as torch.argmax)
 
 
+@pytest.mark.gpu
+@requires_gpu
+def test_workspace_is_left_zero_and_reused_across_calls_and_row_counts():
+    # A caller's workspace (zeros, extra entries past 2 per row) stays zero after each call, so
+    # calls of other row counts, greedy and random alike, keep matching argmax and the seeded
+    # draw of a fresh zeroed workspace; the default one (per stream) does the same.
+    torch.manual_seed(6)
+    workspace = torch.zeros(2 * 40 + 3, dtype=torch.int64, device="cuda")
+    for rows, vocab in ((3, 9000), (40, 151936), (1, 17), (40, 20003)):
+        logits = torch.randn(rows, vocab, dtype=torch.float16, device="cuda")
+        out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
+        ops.greedy_sample(out, logits, workspace)
+        assert torch.equal(out, logits.argmax(dim=1))
+        assert not workspace.any()
+        temperature = torch.full((rows,), 0.7, device="cuda")
+        seeds = _seeds(rows, rows)
+        ops.gumbel_sample(out, logits, temperature, seeds, workspace)
+        assert not workspace.any()
+        fresh = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
+        ops.gumbel_sample(fresh, logits, temperature, seeds, torch.zeros(2 * rows, dtype=torch.int64,
+                                                                         device="cuda"))
+        assert torch.equal(out, fresh)
+        assert torch.equal(_sample(logits, temperature, seeds), fresh)  # the default workspace
+        assert not ops.sample_workspace(logits).any()
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta")
     args = dict(sampled=torch.empty(3, dtype=torch.int64, **meta),
                 logits=torch.empty(3, 100, dtype=torch.float16, **meta),
                 temperature=torch.empty(3, dtype=torch.float32, **meta),
-                seeds=torch.empty(3, dtype=torch.int64, **meta))
+                seeds=torch.empty(3, dtype=torch.int64, **meta),
+                workspace=torch.empty(6, dtype=torch.int64, **meta))
     args.update(overrides)
     return args
 
@@ -182,6 +209,10 @@ BAD_ARGS = [
     (dict(temperature=torch.empty(4, dtype=torch.float32, device="meta")),
      "'temperature' must be 1-D with one entry per row of 'logits' (3)"),
     (dict(temperature=torch.empty(3, dtype=torch.float16, device="meta")), "'temperature' must be float32"),
+    (dict(workspace=torch.empty(5, dtype=torch.int64, device="meta")),
+     "'workspace' must have at least 2 entries per row of 'logits' (6), got 5"),
+    (dict(workspace=torch.empty(6, dtype=torch.int32, device="meta")),
+     "'workspace' must be a contiguous 1-D int64 tensor"),
     (dict(seeds=torch.empty(3, dtype=torch.float32, device="meta")), "'seeds' must be int64"),
 ]
 
@@ -195,12 +226,16 @@ def test_bad_input_is_a_clear_error(overrides, message):
 def test_valid_meta_args_pass():
     torch.ops._C.gumbel_sample(**_meta_args())
     torch.ops._C.greedy_sample(torch.empty(3, dtype=torch.int64, device="meta"),
-                               torch.empty(3, 100, dtype=torch.float16, device="meta"))
+                               torch.empty(3, 100, dtype=torch.float16, device="meta"),
+                               torch.empty(6, dtype=torch.int64, device="meta"))
 
 
-@pytest.mark.parametrize("overrides,message", BAD_ARGS[:4])
+GREEDY_ARGS = ("sampled", "logits", "workspace")
+
+
+@pytest.mark.parametrize("overrides,message", [case for case in BAD_ARGS if set(case[0]) <= set(GREEDY_ARGS)])
 def test_greedy_sample_bad_input_is_a_clear_error(overrides, message):
-    args = {k: v for k, v in _meta_args(**overrides).items() if k in ("sampled", "logits")}
+    args = {k: v for k, v in _meta_args(**overrides).items() if k in GREEDY_ARGS}
     with pytest.raises(RuntimeError, match=re.escape(f"greedy_sample: {message}")):
         torch.ops._C.greedy_sample(**args)
 
@@ -209,4 +244,5 @@ def test_greedy_sample_needs_one_output_per_row():
     with pytest.raises(RuntimeError, match=re.escape(
             "greedy_sample: 'sampled' must be 1-D with one entry per row of 'logits' (3)")):
         torch.ops._C.greedy_sample(torch.empty(4, dtype=torch.int64, device="meta"),
-                                   torch.empty(3, 100, dtype=torch.float16, device="meta"))
+                                   torch.empty(3, 100, dtype=torch.float16, device="meta"),
+                                   torch.empty(6, dtype=torch.int64, device="meta"))

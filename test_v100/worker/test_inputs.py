@@ -83,3 +83,19 @@ def test_logits_rows_are_bucketed():
     assert rows == {0: 0, 1: 1, 2: 2, 3: 4, 5: 8, 100: 128, 129: 256, 256: 256, 257: 512,
                     1000: 1024, 1025: 1280}
     assert len({padded_logits_rows(n) for n in range(1, 2049)}) == 8 + 8
+
+
+def test_logits_hidden_skips_the_gather_only_where_it_is_the_identity():
+    hidden = torch.arange(7 * 3, dtype=torch.float32).view(7, 3)
+
+    def decode_batch(n):
+        return [scheduled(list(range(10, 13 + i)), 2 + i, 1, [1 + 2 * i, 2 + 2 * i])
+                for i in range(n)]
+
+    mixed = [scheduled(list(range(10, 19)), 8, 1, [3, 5, 9]), scheduled([1, 2, 3], 0, 3, [4])]
+    # 4 decode rows (a power of two: no padding), 3 rows (padded to 4), a mixed batch.
+    for batch, identity in ((decode_batch(4), True), (decode_batch(3), False), (mixed, False)):
+        inp = prepare_inputs(batch, 4, torch.device("cpu"))
+        assert inp.logits_rows_identity is identity
+        rows = inp.logits_hidden(hidden[:inp.num_tokens])
+        assert torch.equal(rows, hidden[:inp.num_tokens][inp.logits_indices])

@@ -29,6 +29,13 @@ class ModelInput:
     query_start_loc: np.ndarray    # [B+1] host copy, for prompt-logprob slicing
     # [3, T] int64, device: input ids, positions, slot mapping (one copy into CUDA graphs)
     token_table: torch.Tensor
+    # logits_indices is 0, 1, ..., T - 1 (every token row sampled, no padding): the rows to
+    # sample are the hidden states as they are, no gather needed (steady decode at batch 1, 2, 4...)
+    logits_rows_identity: bool = False
+
+    def logits_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The hidden-state rows the logits are computed for (padded_logits_rows of them)."""
+        return hidden[:self.num_tokens] if self.logits_rows_identity else hidden[self.logits_indices]
 
     @property
     def num_tokens(self) -> int:
@@ -58,10 +65,10 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                    device: torch.device, block_tables: BlockTableCache | None = None) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
-    Every int64 input goes to the device in one copy and every int32 one in another
-    (views of two packed buffers): each host->device copy costs host time per step. The
-    copies never wait for the device (host_copy.to_device). `block_tables` carries the block
-    table from one step to the next (rows whose lists did not change are not rebuilt).
+    Every input goes to the device in one copy (views of one packed buffer): each
+    host->device copy costs host time per step and a gap on the device. The copy never waits
+    for the device (host_copy.to_device). `block_tables` carries the block table from one step
+    to the next (rows whose lists did not change are not rebuilt).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -71,11 +78,19 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     num_blocks = np.fromiter((len(s.block_ids) for s in scheduled), np.int64, num_seqs)
     max_blocks = max(int(num_blocks.max()) if num_seqs else 1, 1)
 
-    # int32 pack: query_start_loc [B+1] | seq_lens [B] | block_table [B, max_blocks],
-    # each part starting on a 16-byte boundary (kernels may use vector loads).
+    # One buffer, one host->device copy. int64 part: [3, T] token table (ids, positions, slots)
+    # | logits_indices [N padded]; then the int32 part: query_start_loc [B+1] | seq_lens [B] |
+    # block_table [B, max_blocks]. Every part starts on a 16-byte boundary (kernels may use
+    # vector loads).
+    row = _align(num_tokens, 2)  # each token-table row 16-byte aligned
+    li_at = 3 * row
+    num_logits = padded_logits_rows(len(sample_rows))
+    i32_at = _align(li_at + num_logits, 2)  # in int64 entries
     sl_at = _align(num_seqs + 1, 4)
     bt_at = sl_at + _align(num_seqs, 4)
-    packed32 = np.zeros(bt_at + num_seqs * max_blocks, np.int32)
+    num32 = bt_at + num_seqs * max_blocks
+    packed = np.zeros(i32_at + -(-num32 // 2), np.int64)
+    packed32 = packed[i32_at:].view(np.int32)[:num32]
     qsl = packed32[:num_seqs + 1]
     np.cumsum(num_new, out=qsl[1:])
     seq_lens = packed32[sl_at:sl_at + num_seqs]
@@ -84,11 +99,7 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     (block_tables or BlockTableCache()).fill([s.block_ids for s in scheduled], num_blocks,
                                              block_table)
 
-    # int64 pack: [3, T] token table (ids, positions, slots) | logits_indices [N padded]
-    row = _align(num_tokens, 2)  # each row 16-byte aligned
-    li_at = 3 * row
-    packed64 = np.zeros(li_at + padded_logits_rows(len(sample_rows)), np.int64)
-    table = packed64[:li_at].reshape(3, row)[:, :num_tokens]
+    table = packed[:li_at].reshape(3, row)[:, :num_tokens]
     token_ids, positions, slot_mapping = table
     if num_tokens == num_seqs:  # pure decode: one token per sequence
         token_ids[:] = [s.token_ids[0] for s in scheduled]
@@ -102,11 +113,11 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         seq_of_token = np.repeat(np.arange(num_seqs), num_new)
     slot_mapping[:] = (block_table[seq_of_token, positions // block_size].astype(np.int64)
                        * block_size + positions % block_size)
-    packed64[li_at:li_at + len(sample_rows)] = qsl[1:][sample_rows] - 1
+    packed[li_at:li_at + len(sample_rows)] = qsl[1:][sample_rows] - 1
 
-    dev64 = to_device(packed64, device)
-    dev32 = to_device(packed32, device)
-    dev_table = dev64[:li_at].view(3, row)[:, :num_tokens]
+    dev = to_device(packed, device)
+    dev32 = dev[i32_at:].view(torch.int32)[:num32]
+    dev_table = dev[:li_at].view(3, row)[:, :num_tokens]
     host32 = torch.from_numpy(packed32)
     attn_metadata = AttentionMetadata(
         num_actual_tokens=num_tokens,
@@ -123,8 +134,9 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         input_ids=dev_table[0],
         positions=dev_table[1],
         attn_metadata=attn_metadata,
-        logits_indices=dev64[li_at:],
+        logits_indices=dev[li_at:li_at + num_logits],
         sample_rows=sample_rows,
         query_start_loc=qsl,
         token_table=dev_table,
+        logits_rows_identity=num_tokens == num_seqs == len(sample_rows) == num_logits,
     )

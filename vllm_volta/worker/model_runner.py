@@ -159,7 +159,7 @@ class ModelRunner:
         hidden = self._forward(inp)
         self._prompt_logprobs(scheduled, inp, hidden, pending.output, same_batch)
         if inp.sample_rows:
-            logits = self.model.compute_logits(hidden[inp.logits_indices])[:len(inp.sample_rows)]
+            logits = self.model.compute_logits(inp.logits_hidden(hidden))[:len(inp.sample_rows)]
             if self.is_driver:
                 self._sample(scheduled, req_ids, inp.sample_rows, logits, pending)
         return pending

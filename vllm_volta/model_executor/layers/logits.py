@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vllm_volta.model_executor.layers.decode_gemv import gemv_enabled, linear
 from vllm_volta.model_executor.layers.parallel_state import tensor_model_parallel_all_gather
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
@@ -20,9 +20,12 @@ class LogitsProcessor(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.scale = scale
+        # Decode rows through the gemv kernel, as the other projections: cuBLAS's kernel for
+        # one row also clears a scratch buffer first (one more launch per step).
+        self.use_gemv = gemv_enabled()
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_states, lm_head.weight, lm_head.bias)
+        logits = linear(hidden_states, lm_head.weight, lm_head.bias, self.use_gemv)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
         if self.scale != 1.0:
             logits = logits * self.scale
