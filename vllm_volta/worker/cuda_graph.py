@@ -104,7 +104,8 @@ class CudaGraphRunner:
         for size in reversed(self.sizes):
             md = self._metadata(size)
             args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
-            graph, out, self.pool = capture_graph(lambda: model(*args), use_driver, self.pool)
+            graph, out, self.pool = capture_graph(lambda: model(*args, final_norm=False), use_driver,
+                                                     self.pool)
             self.graphs[size] = graph
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)

@@ -159,7 +159,8 @@ class ModelRunner:
         hidden = self._forward(inp)
         self._prompt_logprobs(scheduled, inp, hidden, pending.output, same_batch)
         if inp.sample_rows:
-            logits = self.model.compute_logits(inp.logits_hidden(hidden))[:len(inp.sample_rows)]
+            logits = self.model.compute_logits(inp.logits_hidden(hidden), apply_final_norm=True)
+            logits = logits[:len(inp.sample_rows)]
             if self.is_driver:
                 self._sample(scheduled, req_ids, inp.sample_rows, logits, pending)
         return pending
@@ -195,7 +196,8 @@ class ModelRunner:
     def _forward(self, inp: ModelInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
             return self.graph_runner.run(inp)
-        return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata)
+        return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata,
+                          final_norm=False)
 
     def _generator_for(self, s: ScheduledRequest) -> torch.Generator | None:
         params = s.request.sampling_params
@@ -263,7 +265,7 @@ class ModelRunner:
             if start >= end:
                 continue
             row0 = int(inp.query_start_loc[i])
-            logits = self.model.compute_logits(hidden[row0:row0 + end - start])
+            logits = self.model.compute_logits(hidden[row0:row0 + end - start], apply_final_norm=True)
             if not self.is_driver:
                 continue
             next_ids = torch.tensor(s.request.prompt_token_ids[start + 1:end + 1],
@@ -293,9 +295,9 @@ class ModelRunner:
         md = build_attn_metadata(num_computed, num_new, block_ids, self.block_size, self.device)
         positions = compute_positions(num_computed, num_new).to(self.device)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, positions, caches, md)
+        hidden = self.model(input_ids, positions, caches, md, final_norm=False)
         num_rows = min(sc.max_num_seqs, num_tokens)
-        logits = self.model.compute_logits(hidden[:num_rows])
+        logits = self.model.compute_logits(hidden[:num_rows], apply_final_norm=True)
         params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50)] * num_rows
         metadata = SamplingMetadata.build(params, output_token_ids=[[]] * num_rows,
                                           device=self.device)

@@ -66,10 +66,12 @@ class _Seq:
 
 
 class PagedRunner:
-    """Drives ``model`` step by step over a paged KV cache."""
+    """Drives ``model`` step by step over a paged KV cache. ``defer_final_norm``: as the engine,
+    the model returns the residual stream and the final norm runs in ``compute_logits``."""
 
     def __init__(self, model: torch.nn.Module, num_blocks: int = 64, block_size: int = 4,
-                 device: str = "cpu", seed: int = 0) -> None:
+                 device: str = "cpu", seed: int = 0, defer_final_norm: bool = False) -> None:
+        self.defer_final_norm = defer_final_norm
         attn = [m for m in model.modules() if isinstance(m, Attention)]  # per-rank head counts
         shape = (2, num_blocks, block_size, attn[0].num_kv_heads, attn[0].head_size)
         dtype = next(model.parameters()).dtype
@@ -101,8 +103,9 @@ class PagedRunner:
                                  self.block_size, self.device)
         input_ids = torch.tensor([t for s in ids for t in new_tokens[s]], device=self.device)
         positions = compute_positions(done, num_new).to(self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, md)
-        logits = self.model.compute_logits(hidden).float().cpu()
+        defer = self.defer_final_norm
+        hidden = self.model(input_ids, positions, self.kv_caches, md, final_norm=not defer)
+        logits = self.model.compute_logits(hidden, apply_final_norm=defer).float().cpu()
         out, start = {}, 0
         for sid, n in zip(ids, num_new):
             out[sid] = logits[start:start + n]
@@ -114,14 +117,21 @@ class PagedRunner:
 def check_mixed_batch(model: torch.nn.Module, hf: transformers.PreTrainedModel,
                       atol: float = 2e-4, device: str = "cpu", seed: int = 0) -> None:
     """Chunked prefill, prefill next to decode, decode batches and a prefix-cache hit, each
-    step's logits checked against HF's full-sequence logits at the same positions."""
+    step's logits checked against HF's full-sequence logits at the same positions; with the
+    final norm in the model and deferred to compute_logits (as the engine runs it)."""
+    for defer in (False, True):
+        _check_mixed_batch(model, hf, atol, device, seed, defer)
+
+
+def _check_mixed_batch(model: torch.nn.Module, hf: transformers.PreTrainedModel, atol: float,
+                       device: str, seed: int, defer_final_norm: bool) -> None:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed)
     full = {s: torch.randint(0, vocab, (n,), generator=g).tolist()
             for s, n in (("a", 14), ("b", 17), ("c", 9))}
     full["d"] = full["a"][:8] + torch.randint(0, vocab, (5,), generator=g).tolist()
     ref = {s: hf_logits(hf, toks) for s, toks in full.items()}
-    runner = PagedRunner(model, device=device, seed=seed)
+    runner = PagedRunner(model, device=device, seed=seed, defer_final_norm=defer_final_norm)
     schedule = [
         {"a": (0, 11), "b": (0, 6)},  # a: whole prompt; b: first chunk
         {"a": (11, 12), "b": (6, 14), "c": (0, 6)},  # decode next to a chunk and a prefill
@@ -135,7 +145,8 @@ def check_mixed_batch(model: torch.nn.Module, hf: transformers.PreTrainedModel,
         out = runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()})
         for s, (lo, hi) in step.items():
             torch.testing.assert_close(out[s], ref[s][lo:hi], atol=atol, rtol=1e-4,
-                                       msg=lambda m: f"step {step_no}, seq {s}: {m}")
+                                       msg=lambda m: f"step {step_no}, seq {s}, deferred final norm "
+                                                     f"{defer_final_norm}: {m}")
 
 
 def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedModel,
@@ -152,7 +163,8 @@ def check_fp16_decode_fusions(hf: transformers.PreTrainedModel, folder: Path, mo
     """`hf` saved to `folder` and loaded as ours, float16 on a GPU: decode steps of 2 and 1
     sequences run the fused gemv epilogues (gemv_rope_cache for qkv + RoPE + the cache write, gemv_silu_and_mul, gemv_add: the layer
     returns the residual with the sum in it) and the pre-norms as gemv prologues (qkv and
-    gate_up get a norm_weight); their logits match HF's and, closely, the same model with gemv
+    gate_up get a norm_weight), and the lm_head's gemv takes the deferred final norm as its
+    prologue; their logits match HF's and, closely, the same model with gemv
     switched off (cuBLAS + norms)."""
     from vllm_volta import _custom_ops as ops
 
@@ -180,14 +192,14 @@ def check_fp16_decode_fusions(hf: transformers.PreTrainedModel, folder: Path, mo
         for layer in model.modules():
             if hasattr(layer, "use_gemv"):
                 layer.use_gemv = use_gemv
-        runner = PagedRunner(model, device="cuda")
+        runner = PagedRunner(model, device="cuda", defer_final_norm=True)  # as the engine
         results.append([runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()}) for step in schedule])
     layers = model.config.num_hidden_layers
-    # 3 decode steps x layers, once each, and the lm_head once per decode step (2, 2 and 1 rows);
-    # the prefill step and the cuBLAS run take none.
+    # 3 decode steps x layers, once each, and the lm_head once per decode step (2, 2 and 1 rows,
+    # the final norm as its prologue); the prefill step and the cuBLAS run take none.
     expected = 3 * layers
     assert calls == {"gemv": 3, "gemv_rope_cache": expected, "gemv_silu_and_mul": expected, "gemv_add": 2 * expected}
-    assert normed == {"gemv": 0, "gemv_rope_cache": expected, "gemv_silu_and_mul": expected, "gemv_add": 0}
+    assert normed == {"gemv": 3, "gemv_rope_cache": expected, "gemv_silu_and_mul": expected, "gemv_add": 0}
     for step_no, step in enumerate(schedule):
         for s, (lo, hi) in step.items():
             fused, plain = results[0][step_no][s], results[1][step_no][s]

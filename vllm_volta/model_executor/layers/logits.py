@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from vllm_volta.model_executor.layers.decode_gemv import gemv_enabled, linear
+from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.parallel_state import tensor_model_parallel_all_gather
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
@@ -24,8 +25,11 @@ class LogitsProcessor(nn.Module):
         # one row also clears a scratch buffer first (one more launch per step).
         self.use_gemv = gemv_enabled()
 
-    def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = linear(hidden_states, lm_head.weight, lm_head.bias, self.use_gemv)
+    def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor,
+                norm: RMSNorm | None = None) -> torch.Tensor:
+        """Logits of ``hidden_states``, or of ``norm(hidden_states)`` with a ``norm`` (at decode
+        sizes the gemv kernel's prologue: no norm launch)."""
+        logits = linear(hidden_states, lm_head.weight, lm_head.bias, self.use_gemv, norm)
         logits = tensor_model_parallel_all_gather(logits)[..., : self.vocab_size]
         if self.scale != 1.0:
             logits = logits * self.scale

@@ -156,7 +156,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
+                final_norm: bool = True) -> torch.Tensor:
+        """The final hidden states; with ``final_norm=False`` the residual stream before the final
+        norm (LlamaForCausalLM.compute_logits can apply it to the rows it projects)."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches must hold one cache per layer ({len(self.layers)}), "
                              f"got {len(kv_caches)}")
@@ -165,6 +168,8 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,
                                             attn_metadata)
+        if not final_norm:
+            return residual if hidden_states is None else hidden_states + residual
         if hidden_states is None:  # the last layer added into the residual stream
             return self.norm(residual)
         hidden_states, _ = self.norm(hidden_states, residual)
@@ -172,7 +177,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> logits (model dtype)."""
+    """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> logits (model dtype).
+    The engine defers the final norm to ``compute_logits`` (see there)."""
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, bool]:
@@ -196,11 +202,17 @@ class LlamaForCausalLM(nn.Module):
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
+                final_norm: bool = True) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, final_norm)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
+    def compute_logits(self, hidden_states: torch.Tensor, apply_final_norm: bool = False
+                       ) -> torch.Tensor:
+        """Logits of final hidden states, or of rows of the residual stream before the final
+        norm (``forward(final_norm=False)``) with ``apply_final_norm``: at decode sizes the norm
+        is then the lm_head gemv's prologue, and elsewhere it runs on these rows only."""
+        norm = self.model.norm if apply_final_norm else None
+        return self.logits_processor(self.lm_head, hidden_states, norm)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors; returns the names of the parameters that were filled."""
