@@ -58,14 +58,16 @@ def test_which_steps_replay_a_graph():
 class ToyDecodeModel(nn.Module):
     """A capturable stand-in with the Model interface: writes each new token's embedding
     into the paged cache, then attends over the sequence's context through the block table
-    (fixed shapes, masks instead of host-side lengths)."""
+    (fixed shapes, masks instead of host-side lengths). As the engine's models, it can leave its
+    final norm to the logits (``final_norm=False``, what the graphs capture)."""
 
     def __init__(self, vocab: int = 50, hidden: int = 16) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.proj = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
 
-    def forward(self, input_ids, positions, kv_caches, md):
+    def forward(self, input_ids, positions, kv_caches, md, final_norm: bool = True):
         x = self.embed(input_ids) + 0.01 * positions[:, None].float()
         cache = kv_caches[0][0]  # [num_blocks, block_size, 1, hidden]
         num_blocks, block_size, _, hidden = cache.shape
@@ -77,7 +79,8 @@ class ToyDecodeModel(nn.Module):
         valid = (torch.arange(ctx.shape[1], device=x.device)[None, :]
                  < md.seq_lens[:, None])
         scores = (ctx @ x[:, :, None]).squeeze(-1).masked_fill(~valid, float("-inf"))
-        return self.proj((scores.softmax(-1)[:, :, None] * ctx).sum(1) + x)
+        out = self.proj((scores.softmax(-1)[:, :, None] * ctx).sum(1) + x)
+        return self.norm(out) if final_norm else out
 
 
 def decode_batch(num_seqs: int, block_size: int, gen: torch.Generator):
@@ -112,7 +115,7 @@ def test_graph_replay_equals_eager_with_padding(clean_env, capture_path):
         inp = prepare_inputs(decode_batch(num_seqs, block_size, gen), block_size, device)
         assert graphs.can_run(inp)
         with torch.inference_mode():
-            eager = model(inp.input_ids, inp.positions, caches, inp.attn_metadata)
+            eager = model(inp.input_ids, inp.positions, caches, inp.attn_metadata, final_norm=False)
             replayed = graphs.run(inp).clone()
         torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
     assert graphs.num_replays == 5
