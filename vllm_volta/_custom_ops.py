@@ -162,7 +162,8 @@ def greedy_sample(sampled: torch.Tensor, logits: torch.Tensor,
                   workspace: torch.Tensor | None = None) -> None:
     """``sampled[i]`` <- argmax of ``logits[i]``: the lowest index among equal maxima, as
     ``torch.argmax``, but NaN never wins. CUDA only; the same one-pass, many-block kernel as
-    ``gumbel_sample`` without the noise (ATen's argmax reduces a row in one block)."""
+    ``gumbel_sample`` without the noise (ATen's argmax reduces a row in one block). ``workspace``
+    as for ``gumbel_sample``."""
     if workspace is None:
         workspace = sample_workspace(logits)
     torch.ops._C.greedy_sample(sampled, logits, workspace)
