@@ -104,8 +104,9 @@ class CudaGraphRunner:
         for size in reversed(self.sizes):
             md = self._metadata(size)
             args = (self.input_ids[:size], self.positions[:size], kv_caches, md)
-            graph, out, self.pool = capture_graph(lambda: model(*args, final_norm=False), use_driver,
-                                                     self.pool)
+            # The residual stream before the final norm: compute_logits applies it (ModelRunner).
+            graph, out, self.pool = capture_graph(lambda: model(*args, final_norm=False),
+                                                  use_driver, self.pool)
             self.graphs[size] = graph
             self.outputs[size] = out
         torch.cuda.synchronize(self.runner.device)

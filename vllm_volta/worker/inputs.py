@@ -29,13 +29,17 @@ class ModelInput:
     query_start_loc: np.ndarray    # [B+1] host copy, for prompt-logprob slicing
     # [3, T] int64, device: input ids, positions, slot mapping (one copy into CUDA graphs)
     token_table: torch.Tensor
-    # logits_indices is 0, 1, ..., T - 1 (every token row sampled, no padding): the rows to
-    # sample are the hidden states as they are, no gather needed (steady decode at batch 1, 2, 4...)
-    logits_rows_identity: bool = False
+
+    @property
+    def logits_rows_identity(self) -> bool:
+        """Whether logits_indices is 0, 1, ..., T - 1: every token row samples (so each sequence
+        has one token) and no row is padding (steady decode at batch 1, 2, 4, ...)."""
+        return self.num_tokens == len(self.sample_rows) == self.logits_indices.shape[0]
 
     def logits_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The hidden-state rows the logits are computed for (padded_logits_rows of them)."""
-        return hidden[:self.num_tokens] if self.logits_rows_identity else hidden[self.logits_indices]
+        """The hidden-state rows [T, ...] the logits are computed for (padded_logits_rows of them):
+        `hidden` itself where that is the identity, no gather launched."""
+        return hidden if self.logits_rows_identity else hidden[self.logits_indices]
 
     @property
     def num_tokens(self) -> int:
@@ -138,5 +142,4 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         sample_rows=sample_rows,
         query_start_loc=qsl,
         token_table=dev_table,
-        logits_rows_identity=num_tokens == num_seqs == len(sample_rows) == num_logits,
     )
