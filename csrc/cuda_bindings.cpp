@@ -26,6 +26,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("rotary_embedding_and_cache", TORCH_BOX(&rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&gumbel_sample));
   m.impl("greedy_sample", TORCH_BOX(&greedy_sample));
+  m.impl("stage_decode_inputs", TORCH_BOX(&stage_decode_inputs));
   m.impl("gemv", TORCH_BOX(&gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&gemv_add));

@@ -32,8 +32,11 @@ void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor>
                            Tensor cos_sin_cache, bool is_neox);
 void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
                                      Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
-void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace);
-void meta_greedy_sample(Tensor sampled, Tensor logits, Tensor workspace);
+void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace,
+                        int64_t seed_offset, std::optional<Tensor> sampled_host);
+void meta_greedy_sample(Tensor sampled, Tensor logits, Tensor workspace, std::optional<Tensor> sampled_host);
+void meta_stage_decode_inputs(Tensor token_table, Tensor seq_lens, Tensor block_table, Tensor src_token_table,
+                              Tensor src_seq_lens, Tensor src_block_table, std::optional<Tensor> input_ids);
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
                std::optional<Tensor> norm_weight, double epsilon);
 void meta_gemv_silu_and_mul(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias,
@@ -63,8 +66,13 @@ void rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tens
                                 Tensor slot_mapping, int64_t head_size, Tensor cos_sin_cache, bool is_neox);
 
 // ---- random (Gumbel-max) and greedy (argmax) sampling over the logits, Volta-safe, CUDA in every build (csrc/sampling_kernels.cu) ----
-void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace);
-void greedy_sample(Tensor sampled, Tensor logits, Tensor workspace);
+void gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace,
+                   int64_t seed_offset, std::optional<Tensor> sampled_host);
+void greedy_sample(Tensor sampled, Tensor logits, Tensor workspace, std::optional<Tensor> sampled_host);
+
+// ---- a decode step's inputs into its CUDA graph's static buffers, CUDA in every build (csrc/staging_kernels.cu) ----
+void stage_decode_inputs(Tensor token_table, Tensor seq_lens, Tensor block_table, Tensor src_token_table,
+                         Tensor src_seq_lens, Tensor src_block_table, std::optional<Tensor> input_ids);
 
 // ---- decode GEMV (1-4 tokens), float16, Volta-safe, CUDA in every build (csrc/gemv_kernels.cu) ----
 void gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,

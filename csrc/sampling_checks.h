@@ -4,6 +4,7 @@
 #include "op_checks.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace vllm_volta {
 
@@ -50,14 +51,34 @@ inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const
   return {rows, vocab, rows > 1 ? logits.stride(0) : vocab};
 }
 
+// sampled_host (optional): a contiguous 1-D int64 CPU tensor of one entry per row, which the kernel
+// writes the ids into as well (it must be pinned: checked by the CUDA launcher).
+inline void check_sampled_host(const char* op, const std::optional<Tensor>& sampled_host, int64_t rows) {
+  if (!sampled_host.has_value()) return;
+  const Tensor& h = *sampled_host;
+  VLLM_VOLTA_CHECK(h.is_cpu(), op, ": 'sampled_host' must be a (pinned) CPU tensor");
+  VLLM_VOLTA_CHECK(h.scalar_type() == ScalarType::Long && h.dim() == 1 && h.size(0) == rows && h.is_contiguous(),
+                  op, ": 'sampled_host' must be a contiguous 1-D int64 tensor with one entry per row of 'logits' (",
+                  rows, ")");
+}
+
 // gumbel_sample: as greedy_sample, plus temperature [B] float32 (> 0, not checked: that would
 // need a device sync) and seeds [B] int64.
 inline SampleArgs check_gumbel_sample_args(const Tensor& sampled, const Tensor& logits, const Tensor& temperature,
-                                           const Tensor& seeds, const Tensor& workspace) {
+                                           const Tensor& seeds, const Tensor& workspace,
+                                           const std::optional<Tensor>& sampled_host) {
   const char* op = "gumbel_sample";
   const SampleArgs a = check_sample_args(op, sampled, logits, workspace);
   check_row_vector(op, {"temperature", temperature, ScalarType::Float, "float32"}, a.rows, logits);
   check_row_vector(op, {"seeds", seeds, ScalarType::Long, "int64"}, a.rows, logits);
+  check_sampled_host(op, sampled_host, a.rows);
+  return a;
+}
+
+inline SampleArgs check_greedy_sample_args(const Tensor& sampled, const Tensor& logits, const Tensor& workspace,
+                                           const std::optional<Tensor>& sampled_host) {
+  const SampleArgs a = check_sample_args("greedy_sample", sampled, logits, workspace);
+  check_sampled_host("greedy_sample", sampled_host, a.rows);
   return a;
 }
 

@@ -13,6 +13,7 @@
 #include "ops.h"
 #include "rotary_checks.h"
 #include "sampling_checks.h"
+#include "staging_checks.h"
 
 #include <torch/csrc/stable/library.h>
 
@@ -55,11 +56,18 @@ void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key,
                                         cos_sin_cache);
 }
 
-void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace) {
-  check_gumbel_sample_args(sampled, logits, temperature, seeds, workspace);
+void meta_gumbel_sample(Tensor sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor workspace,
+                        int64_t seed_offset, std::optional<Tensor> sampled_host) {
+  (void)seed_offset;
+  check_gumbel_sample_args(sampled, logits, temperature, seeds, workspace, sampled_host);
 }
-void meta_greedy_sample(Tensor sampled, Tensor logits, Tensor workspace) {
-  check_sample_args("greedy_sample", sampled, logits, workspace);
+void meta_greedy_sample(Tensor sampled, Tensor logits, Tensor workspace, std::optional<Tensor> sampled_host) {
+  check_greedy_sample_args(sampled, logits, workspace, sampled_host);
+}
+void meta_stage_decode_inputs(Tensor token_table, Tensor seq_lens, Tensor block_table, Tensor src_token_table,
+                              Tensor src_seq_lens, Tensor src_block_table, std::optional<Tensor> input_ids) {
+  check_stage_decode_inputs_args(token_table, seq_lens, block_table, src_token_table, src_seq_lens, src_block_table,
+                                 input_ids);
 }
 
 void meta_gemv(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block,
@@ -111,11 +119,17 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // rotary_embedding on query/key, then reshape_and_cache of the rotated key and value, in one kernel.
   m.def("rotary_embedding_and_cache(Tensor positions, Tensor! query, Tensor! key, Tensor value, Tensor! kv_cache, "
         "Tensor slot_mapping, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()");
-  // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i];
-  // workspace: >= 2 int64 zeros per row, zero again after the call.
-  m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor! workspace) -> ()");
+  // sampled[i] ~ softmax(logits[i] / temperature[i]), from a Philox stream keyed by seeds[i] at
+  // counter offset seed_offset; workspace: >= 2 int64 zeros per row, zero again after the call;
+  // sampled_host: pinned host memory that receives the ids too (no copy launch needed).
+  m.def("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds, Tensor! workspace, "
+        "int seed_offset=0, Tensor!? sampled_host=None) -> ()");
   // sampled[i] = argmax(logits[i]) (the lowest index among equal maxima; NaN never wins).
-  m.def("greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace) -> ()");
+  m.def("greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace, Tensor!? sampled_host=None) -> ()");
+  // A decode step's B rows into the static buffers [.., N] of a CUDA graph: token_table[:, :B],
+  // seq_lens[:B], block_table[:B, :W] from their sources; input_ids (optional) replace the ids.
+  m.def("stage_decode_inputs(Tensor! token_table, Tensor! seq_lens, Tensor! block_table, Tensor src_token_table, "
+        "Tensor src_seq_lens, Tensor src_block_table, Tensor? input_ids=None) -> ()");
   // out [M, N] = input [M, K] @ weight [N, K]^T (+ bias): float16 decode GEMV for 1 <= M <= 4;
   // with norm_weight, of rms_norm(input, norm_weight, epsilon) instead of input (a pre-norm).
   m.def("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
@@ -151,6 +165,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("rotary_embedding_and_cache", TORCH_BOX(&meta_rotary_embedding_and_cache));
   m.impl("gumbel_sample", TORCH_BOX(&meta_gumbel_sample));
   m.impl("greedy_sample", TORCH_BOX(&meta_greedy_sample));
+  m.impl("stage_decode_inputs", TORCH_BOX(&meta_stage_decode_inputs));
   m.impl("gemv", TORCH_BOX(&meta_gemv));
   m.impl("gemv_silu_and_mul", TORCH_BOX(&meta_gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&meta_gemv_add));

@@ -144,29 +144,46 @@ def sample_workspace(logits: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_sample(sampled: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor,
-                  seeds: torch.Tensor, workspace: torch.Tensor | None = None) -> None:
+                  seeds: torch.Tensor, workspace: torch.Tensor | None = None, seed_offset: int = 0,
+                  sampled_host: torch.Tensor | None = None) -> None:
     """``sampled[i]`` <- a draw from softmax(logits[i] / temperature[i]). CUDA only.
 
     One pass over the logits (any float dtype, rows may be strided): the argmax of
-    logits / T plus Gumbel noise from a Philox stream keyed by ``seeds[i]`` (int64), so a row's
-    draw depends only on its seed and logits. ``sampled`` int64 [B]; ``temperature`` float32
-    [B], > 0 (not checked: that would need a device sync). ``workspace``: int64 zeros, 2 per
-    row, left zero (default: ``sample_workspace``).
+    logits / T plus Gumbel noise from a Philox stream keyed by ``seeds[i]`` (int64) at counter
+    offset ``seed_offset`` (a 64-bit int), so a row's draw depends only on its seed, the offset
+    and its logits. ``sampled`` int64 [B]; ``temperature`` float32 [B], > 0 (not checked: that
+    would need a device sync). ``workspace``: int64 zeros, 2 per row, left zero (default:
+    ``sample_workspace``). ``sampled_host``: a pinned int64 [B] CPU tensor the kernel writes the
+    ids into as well (readable once the stream has run it: no copy launch).
     """
     if workspace is None:
         workspace = sample_workspace(logits)
-    torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds, workspace)
+    torch.ops._C.gumbel_sample(sampled, logits, temperature, seeds, workspace, seed_offset, sampled_host)
 
 
 def greedy_sample(sampled: torch.Tensor, logits: torch.Tensor,
-                  workspace: torch.Tensor | None = None) -> None:
+                  workspace: torch.Tensor | None = None, sampled_host: torch.Tensor | None = None) -> None:
     """``sampled[i]`` <- argmax of ``logits[i]``: the lowest index among equal maxima, as
     ``torch.argmax``, but NaN never wins. CUDA only; the same one-pass, many-block kernel as
     ``gumbel_sample`` without the noise (ATen's argmax reduces a row in one block). ``workspace``
-    as for ``gumbel_sample``."""
+    and ``sampled_host`` as for ``gumbel_sample``."""
     if workspace is None:
         workspace = sample_workspace(logits)
-    torch.ops._C.greedy_sample(sampled, logits, workspace)
+    torch.ops._C.greedy_sample(sampled, logits, workspace, sampled_host)
+
+
+def stage_decode_inputs(token_table: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        src_token_table: torch.Tensor, src_seq_lens: torch.Tensor,
+                        src_block_table: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
+    """A decode step's B rows into a CUDA graph's static buffers, in one launch. CUDA only.
+
+    ``token_table[:, :B]`` (int64 [3, N]: input ids, positions, slot mapping) <- ``src_token_table``
+    [3, B]; ``seq_lens[:B]`` (int32 [N]) <- ``src_seq_lens``; ``block_table[:B, :W]`` (int32
+    [N, M]) <- ``src_block_table`` [B, W]; ``input_ids`` (int64 [B], optional) replaces the copied
+    input ids. Rows may be strided; the last dimension must be contiguous.
+    """
+    torch.ops._C.stage_decode_inputs(token_table, seq_lens, block_table, src_token_table, src_seq_lens,
+                                     src_block_table, input_ids)
 
 
 def gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -4,8 +4,8 @@
 // which draws token i with probability softmax(logits / T)_i (the sampler's exponential race
 // argmax(p_i / E_i) with log taken). No float32 copy, softmax or random tensor is written.
 // E_i comes from a counter-based Philox4x32-10 stream: key = the row's 64-bit seed, counter
-// = i / 4 (4 draws per call), so a row's draws depend only on its seed, not on the launch
-// shape or the other rows.
+// = (i / 4, the call's 64-bit seed offset) (4 draws per call), so a row's draws depend only on
+// its seed and the offset, not on the launch shape or the other rows.
 #pragma once
 
 #include "kernels/type_convert.cuh"
@@ -70,14 +70,16 @@ __device__ __forceinline__ void consider(float logit, float inv_t, unsigned bits
 // aligned, checked by the host) of N entries, vector v of thread t at entry
 // span + (v * kSampleThreads + t) * N, so a warp reads 512 consecutive bytes per load; ragged
 // ends and unaligned rows go entry by entry. The noise of entry i is word i % 4 of
-// Philox(counter i / 4), whatever the path.
+// Philox(counter (i / 4, offset)), whatever the path. With sampled_host (pinned host memory,
+// device-mapped) the id is written there too, so no device-to-host copy has to follow.
 // NOISE false: the plain argmax of the logits (greedy sampling; temperature and seeds are
 // not read).
 template <typename T, bool NOISE, bool VEC>
 __global__ void __launch_bounds__(kSampleThreads)
     gumbel_argmax_kernel(int64_t* __restrict__ sampled, unsigned long long* __restrict__ best,
                          unsigned long long* __restrict__ arrived, const T* __restrict__ logits, int64_t row_stride,
-                         int vocab, const float* __restrict__ temperature, const int64_t* __restrict__ seeds) {
+                         int vocab, const float* __restrict__ temperature, const int64_t* __restrict__ seeds,
+                         unsigned long long seed_offset, int64_t* __restrict__ sampled_host) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
@@ -103,7 +105,10 @@ __global__ void __launch_bounds__(kSampleThreads)
 #pragma unroll
       for (int q = 0; q < N / 4; ++q) {
         uint4 r = make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (NOISE) r = philox4x32_10(make_uint4(static_cast<unsigned>(i0 / 4 + q), 0u, 0u, 0u), key);
+        if constexpr (NOISE)
+          r = philox4x32_10(make_uint4(static_cast<unsigned>(i0 / 4 + q), static_cast<unsigned>(seed_offset),
+                                       static_cast<unsigned>(seed_offset >> 32), 0u),
+                            key);
         bits[4 * q] = r.x, bits[4 * q + 1] = r.y, bits[4 * q + 2] = r.z, bits[4 * q + 3] = r.w;
       }
       if (VEC && i0 + N <= vocab) {
@@ -134,7 +139,9 @@ __global__ void __launch_bounds__(kSampleThreads)
         __threadfence();
         const unsigned long long v = atomicExch(best + blockIdx.x, 0ull);
         arrived[blockIdx.x] = 0;
-        sampled[blockIdx.x] = v == 0 ? 0 : static_cast<int64_t>(0xFFFFFFFFu - static_cast<unsigned>(v));
+        const int64_t id = v == 0 ? 0 : static_cast<int64_t>(0xFFFFFFFFu - static_cast<unsigned>(v));
+        sampled[blockIdx.x] = id;
+        if (sampled_host != nullptr) sampled_host[blockIdx.x] = id;
       }
     }
   }

@@ -32,8 +32,13 @@ CUDA_ONLY_OPS = {
         "bool is_neox) -> ()"
     ),
     "gumbel_sample": ("gumbel_sample(Tensor! sampled, Tensor logits, Tensor temperature, Tensor seeds, "
-                      "Tensor! workspace) -> ()"),
-    "greedy_sample": "greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace) -> ()",
+                      "Tensor! workspace, int seed_offset=0, Tensor!? sampled_host=None) -> ()"),
+    "greedy_sample": ("greedy_sample(Tensor! sampled, Tensor logits, Tensor! workspace, "
+                      "Tensor!? sampled_host=None) -> ()"),
+    "stage_decode_inputs": (
+        "stage_decode_inputs(Tensor! token_table, Tensor! seq_lens, Tensor! block_table, Tensor src_token_table, "
+        "Tensor src_seq_lens, Tensor src_block_table, Tensor? input_ids=None) -> ()"
+    ),
     "gemv": ("gemv(Tensor! out, Tensor input, Tensor weight, Tensor? bias, int rows_per_block=0, "
              "Tensor? norm_weight=None, float epsilon=0.0) -> ()"),
     "gemv_rope_cache": (

@@ -17,12 +17,13 @@ from vllm_volta import _custom_ops as ops
 from .op_cases import requires_gpu
 
 
-def _sample(logits: torch.Tensor, temperature: float | torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+def _sample(logits: torch.Tensor, temperature: float | torch.Tensor, seeds: torch.Tensor,
+            seed_offset: int = 0) -> torch.Tensor:
     rows = logits.shape[0]
     if not isinstance(temperature, torch.Tensor):
         temperature = torch.full((rows,), temperature, dtype=torch.float32, device=logits.device)
     out = torch.full((rows,), -7, dtype=torch.int64, device=logits.device)
-    ops.gumbel_sample(out, logits, temperature, seeds)
+    ops.gumbel_sample(out, logits, temperature, seeds, seed_offset=seed_offset)
     return out
 
 
@@ -81,12 +82,15 @@ def test_a_rows_draw_depends_only_on_its_seed_and_logits():
     assert len(set(full.tolist())) > 32  # rows with different logits draw different tokens
 
 
-def _philox4x32_10(counters: np.ndarray, seed: int) -> np.ndarray:
-    """Philox4x32-10 of counters (c, 0, 0, 0) under the 64-bit key `seed`: [n, 4] uint32 words."""
+def _philox4x32_10(counters: np.ndarray, seed: int, offset: int = 0) -> np.ndarray:
+    """Philox4x32-10 of counters (c, offset low word, offset high word, 0) under the 64-bit key
+    `seed`: [n, 4] uint32 words."""
     m0, m1, w0, w1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), 0x9E3779B9, 0xBB67AE85
     mask = np.uint64(0xFFFFFFFF)
     x = counters.astype(np.uint64)
-    y = z = w = np.zeros_like(x)
+    w = np.zeros_like(x)
+    y = np.full_like(x, offset & 0xFFFFFFFF)
+    z = np.full_like(x, (offset >> 32) & 0xFFFFFFFF)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     for _ in range(10):
         p0, p1 = m0 * x, m1 * z
@@ -102,11 +106,12 @@ def test_reference_philox_matches_the_published_known_answer():
     assert [int(w) for w in words] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
 
 
-def _reference_keys(logits: torch.Tensor, temperature: float, seed: int) -> np.ndarray:
+def _reference_keys(logits: torch.Tensor, temperature: float, seed: int, offset: int = 0) -> np.ndarray:
     """float64 logits / T + Gumbel noise of the documented stream: entry i takes word i % 4 of
-    Philox(counter i // 4) keyed by the row's seed, v = (word + 1/2) / 2^32, G = -log(-log(1 - v))."""
+    Philox(counter (i // 4, offset)) keyed by the row's seed, v = (word + 1/2) / 2^32,
+    G = -log(-log(1 - v))."""
     vocab = logits.shape[0]
-    words = _philox4x32_10(np.arange((vocab + 3) // 4), seed % 2 ** 64).reshape(-1)[:vocab]
+    words = _philox4x32_10(np.arange((vocab + 3) // 4), seed % 2 ** 64, offset).reshape(-1)[:vocab]
     v = (words.astype(np.float64) + 0.5) / 2.0 ** 32
     return logits.double().numpy() / temperature - np.log(-np.log1p(-v))
 
@@ -114,24 +119,58 @@ def _reference_keys(logits: torch.Tensor, temperature: float, seed: int) -> np.n
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_draw_is_the_argmax_of_the_documented_noise_stream(dtype):
+@pytest.mark.parametrize("offset", [0, 2 ** 40 + 5])
+def test_draw_is_the_argmax_of_the_documented_noise_stream(dtype, offset):
     # Rows of 20003 entries (three 8192-entry spans, a ragged end), in an aligned buffer (16-byte
     # vector loads) and shifted by one entry (entry-by-entry loads): both draw the token whose
-    # float64 reference key is the largest, up to the kernel's fast-log error.
+    # float64 reference key is the largest, up to the kernel's fast-log error; at a counter
+    # offset with both 32-bit words set, the stream is the offset's.
     torch.manual_seed(3)
     rows, vocab, temperature = 24, 20003, 0.8
     logits = (torch.randn(rows, vocab) * 2).to(dtype)
     seeds = _seeds(rows, 9)
     buffer = torch.zeros(rows, vocab + 8, dtype=dtype)
     buffer[:, :vocab] = logits
-    aligned = _sample(buffer.cuda()[:, :vocab], temperature, seeds).cpu()
+    aligned = _sample(buffer.cuda()[:, :vocab], temperature, seeds, offset).cpu()
     buffer = torch.zeros(rows, vocab + 8, dtype=dtype)
     buffer[:, 1:vocab + 1] = logits
-    shifted = _sample(buffer.cuda()[:, 1:vocab + 1], temperature, seeds).cpu()
+    shifted = _sample(buffer.cuda()[:, 1:vocab + 1], temperature, seeds, offset).cpu()
     assert torch.equal(aligned, shifted)
     for row in range(rows):
-        keys = _reference_keys(logits[row], temperature, int(seeds[row]))
+        keys = _reference_keys(logits[row], temperature, int(seeds[row]), offset)
         assert keys[int(aligned[row])] >= keys.max() - 1e-4, f"row {row}"
+    if offset:  # another offset, another draw (24 rows of ~20k near-uniform tokens)
+        assert not torch.equal(aligned, _sample(buffer.cuda()[:, 1:vocab + 1], temperature, seeds).cpu())
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("kind", ["greedy", "gumbel"])
+def test_ids_are_written_into_pinned_host_memory_too(kind):
+    # sampled_host receives the same ids the device tensor gets, readable once the stream has run
+    # the kernel (no copy launched); a pageable CPU tensor is refused with a clear error.
+    torch.manual_seed(8)
+    rows, vocab = 5, 30001
+    logits = torch.randn(rows, vocab, dtype=torch.float16, device="cuda")
+    out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
+    host = torch.full((rows,), -7, dtype=torch.int64, pin_memory=True)
+    temperature = torch.full((rows,), 0.9, device="cuda")
+
+    def run(sampled_host):
+        if kind == "greedy":
+            ops.greedy_sample(out, logits, sampled_host=sampled_host)
+        else:
+            ops.gumbel_sample(out, logits, temperature, _seeds(rows, 4), seed_offset=3,
+                              sampled_host=sampled_host)
+
+    run(host)
+    torch.cuda.synchronize()
+    assert torch.equal(host, out.cpu())
+    if kind == "greedy":
+        assert torch.equal(out, logits.argmax(dim=1))
+    with pytest.raises(RuntimeError, match=re.escape(
+            f"{kind}_sample: 'sampled_host' must be pinned host memory (pin_memory=True)")):
+        run(torch.zeros(rows, dtype=torch.int64))
 
 
 @pytest.mark.gpu
@@ -214,6 +253,12 @@ BAD_ARGS = [
     (dict(workspace=torch.empty(6, dtype=torch.int32, device="meta")),
      "'workspace' must be a contiguous 1-D int64 tensor"),
     (dict(seeds=torch.empty(3, dtype=torch.float32, device="meta")), "'seeds' must be int64"),
+    (dict(sampled_host=torch.empty(3, dtype=torch.int64, device="meta")),
+     "'sampled_host' must be a (pinned) CPU tensor"),
+    (dict(sampled_host=torch.empty(4, dtype=torch.int64)),
+     "'sampled_host' must be a contiguous 1-D int64 tensor with one entry per row of 'logits' (3)"),
+    (dict(sampled_host=torch.empty(3, dtype=torch.int32)),
+     "'sampled_host' must be a contiguous 1-D int64 tensor"),
 ]
 
 
@@ -225,12 +270,13 @@ def test_bad_input_is_a_clear_error(overrides, message):
 
 def test_valid_meta_args_pass():
     torch.ops._C.gumbel_sample(**_meta_args())
+    torch.ops._C.gumbel_sample(**_meta_args(sampled_host=torch.empty(3, dtype=torch.int64)), seed_offset=-5)
     torch.ops._C.greedy_sample(torch.empty(3, dtype=torch.int64, device="meta"),
                                torch.empty(3, 100, dtype=torch.float16, device="meta"),
                                torch.empty(6, dtype=torch.int64, device="meta"))
 
 
-GREEDY_ARGS = ("sampled", "logits", "workspace")
+GREEDY_ARGS = ("sampled", "logits", "workspace", "sampled_host")
 
 
 @pytest.mark.parametrize("overrides,message", [case for case in BAD_ARGS if set(case[0]) <= set(GREEDY_ARGS)])

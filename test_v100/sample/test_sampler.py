@@ -10,6 +10,7 @@ from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
 
 from test_v100.chi_square import CHI2_999, chi_square
 from vllm_volta.sample import Sampler, SamplingMetadata, make_generator
+from vllm_volta.sample.sampler import NoiseSeeds
 from vllm_volta.sampling_params import SamplingParams
 
 sampler = Sampler()
@@ -38,6 +39,41 @@ def test_greedy_is_argmax_and_keeps_input(device) -> None:
     _run(logits, [SamplingParams(temperature=0.5, presence_penalty=1.0)] * 5,
          outputs=[[1, 2]] * 5, generators=None)
     assert torch.equal(logits, before)
+
+
+def test_noise_seeds_keep_keys_and_advance_the_offset_or_draw_seeded_rows_fresh() -> None:
+    noise = NoiseSeeds()
+    cpu = torch.device("cpu")
+    a, offset_a = noise(3, cpu, {})
+    b, offset_b = noise(5, cpu, {})
+    assert offset_b == offset_a + 1 and torch.equal(a, b[:3])  # same keys, a new counter offset
+    assert len(set(b.tolist())) == 5
+    grown, offset = noise(300, cpu, {})  # more rows than keys: new keys, the offset still moves
+    assert grown.shape == (300,) and offset == offset_b + 1
+    generator, reference = make_generator(5), make_generator(5)
+    seeded, offset = noise(4, cpu, {2: generator})
+    assert offset == 0  # fresh keys per call, the seeded row's from its own generator
+    assert int(seeded[2]) == int(torch.empty(1, dtype=torch.int64).random_(generator=reference)[0])
+
+
+@pytest.mark.gpu
+@_CUDA
+@pytest.mark.parametrize("params,written", [
+    ([SamplingParams(temperature=0)] * 4, True),
+    ([SamplingParams(temperature=0.8)] * 4, True),
+    ([SamplingParams(temperature=0), SamplingParams(temperature=0.8)] * 2, False),
+    ([SamplingParams(temperature=0.8, top_k=3)] * 4, False),
+])
+def test_single_kernel_paths_write_the_ids_into_sampled_host(params, written) -> None:
+    logits = torch.randn(4, 3000, device="cuda")
+    meta = SamplingMetadata.build(params, output_token_ids=[[] for _ in params], device="cuda")
+    host = torch.full((4,), -1, dtype=torch.int64, pin_memory=True)
+    out = sampler(logits, meta, sampled_host=host)
+    torch.cuda.synchronize()
+    if written:
+        assert out.sampled_host is host and torch.equal(host, out.sampled_token_ids.cpu())
+    else:
+        assert out.sampled_host is None and host.tolist() == [-1] * 4
 
 
 def test_greedy_rows_in_mixed_batch_use_penalized_argmax() -> None:

@@ -127,8 +127,11 @@ def test_graph_replay_equals_eager_with_padding(clean_env, capture_path):
 
 @gpu
 @needs_cuda
-def test_engine_cuda_graphs_match_eager(tmp_path):
-    """With a capturable attention backend, graph decoding gives the eager tokens."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_engine_cuda_graphs_match_eager(tmp_path, async_scheduling):
+    """With a capturable attention backend, graph decoding gives the eager tokens (with async
+    scheduling too: the ids reach the host through the sampler's pinned buffers and the next
+    step's input ids are staged from the device)."""
     from test_v100.worker.tiny_models import random_prompts, save_tiny_model
     from vllm_volta import LLM
     save_tiny_model(tmp_path, "llama")
@@ -136,7 +139,7 @@ def test_engine_cuda_graphs_match_eager(tmp_path):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     common = dict(skip_tokenizer_init=True, dtype="float16", gpu_memory_utilization=0.3,
                   max_num_seqs=16)
-    graph_llm = LLM(str(tmp_path), **common)
+    graph_llm = LLM(str(tmp_path), async_scheduling=async_scheduling, **common)
     runner = graph_llm.llm_engine.executor.worker.model_runner
     if runner.graph_runner is None:
         pytest.skip(f"attention backend {runner.attn_backend.name} is not graph-capturable")
@@ -149,19 +152,26 @@ def test_engine_cuda_graphs_match_eager(tmp_path):
         o.outputs[0].token_ids for o in eager_out]
 
 
+@gpu
+@needs_cuda
 def test_load_fills_static_buffers_and_padding_rows():
-    """The copies before a replay (CPU buffers here): real rows from the step, padding rows
-    reset even where an earlier, larger step left values."""
-    graphs = CudaGraphRunner(stub_runner(None, [], torch.device("cpu"), 8, 512,
-                                         max_seq_len_to_capture=64), [1, 2, 4, 8])
+    """The staging before a replay: real rows from the step (input ids replaced by the previous
+    step's samples when the step says so), padding rows reset even where an earlier, larger step
+    left values."""
+    device = torch.device("cuda")
+    graphs = CudaGraphRunner(stub_runner(None, [], device, 8, 512, max_seq_len_to_capture=64),
+                             [1, 2, 4, 8])
     gen = torch.Generator().manual_seed(3)
-    for num in (8, 3, 5, 1, 6, 2):
-        inp = prepare_inputs(decode_batch(num, 8, gen), 8, torch.device("cpu"))
+    for num, replace in ((8, False), (3, True), (5, False), (1, True), (6, True), (2, False)):
+        inp = prepare_inputs(decode_batch(num, 8, gen), 8, device)
+        if replace:
+            inp.replace_ids = torch.randint(0, 1000, (num,), generator=gen).to(device)
         md = inp.attn_metadata
         size = graphs.load(inp)
         assert size == graphs.padded_size(num)
         width = md.block_table.shape[1]
-        assert graphs.input_ids[:num].tolist() == inp.input_ids.tolist()
+        ids = inp.replace_ids if replace else inp.input_ids
+        assert graphs.input_ids[:num].tolist() == ids.tolist()
         assert graphs.positions[:num].tolist() == inp.positions.tolist()
         assert graphs.slot_mapping[:num].tolist() == md.slot_mapping.tolist()
         assert graphs.seq_lens[:num].tolist() == md.seq_lens.tolist()

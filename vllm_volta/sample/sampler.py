@@ -18,10 +18,13 @@ from vllm_volta.sample.penalties import apply_min_tokens, apply_penalties
 class SamplerOutput:
     """sampled_token_ids [B] int64; logprobs_tensors (None unless a row asked for
     logprobs) holds the sampled token, the batch's max top-k and the sampled token's rank,
-    all from the raw logits' log-softmax (vLLM's default "raw_logprobs")."""
+    all from the raw logits' log-softmax (vLLM's default "raw_logprobs"). sampled_host is the
+    caller's pinned `sampled_host` when the sampling kernel wrote the ids into it as well
+    (valid once the stream has run the kernel), else None."""
 
     sampled_token_ids: torch.Tensor
     logprobs_tensors: LogprobsTensors | None = None
+    sampled_host: torch.Tensor | None = None
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
@@ -40,14 +43,19 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(q).argmax(dim=1)
 
 
-def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+def greedy_kernel_applies(logits: torch.Tensor) -> bool:
+    return logits.is_cuda and ops.has_cuda_kernel("greedy_sample")
+
+
+def greedy_sample(logits: torch.Tensor, sampled_host: torch.Tensor | None = None) -> torch.Tensor:
     """argmax of each row: the ``greedy_sample`` kernel for CUDA logits (one pass spread over
     many blocks: ATen's argmax reduces a 128k-entry row in one block, ~36 us on an H200),
-    else ``torch.argmax``. Both take the lowest index among equal maxima."""
-    if not (logits.is_cuda and ops.has_cuda_kernel("greedy_sample")):
+    else ``torch.argmax``. Both take the lowest index among equal maxima. The kernel also
+    writes the ids into ``sampled_host`` (pinned) when given."""
+    if not greedy_kernel_applies(logits):
         return logits.argmax(dim=1)
     sampled = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    ops.greedy_sample(sampled, logits)
+    ops.greedy_sample(sampled, logits, sampled_host=sampled_host)
     return sampled
 
 
@@ -58,18 +66,44 @@ def fused_sampling_applies(logits: torch.Tensor, metadata: SamplingMetadata) -> 
             and ops.has_cuda_kernel("gumbel_sample"))
 
 
+class NoiseSeeds:
+    """Per-row Philox keys for ``gumbel_sample`` without a device launch per step.
+
+    Unseeded rows use fixed 64-bit keys (drawn once from the default generator of the logits'
+    device, one per row position) at a counter offset that advances every call, so no two calls
+    share noise. A batch with seeded rows draws fresh keys per call (offset 0): the seeded rows'
+    from their own generators, so their samples do not depend on the batch around them.
+    """
+
+    def __init__(self) -> None:
+        self._keys: torch.Tensor | None = None
+        self._calls = 0
+
+    def __call__(self, rows: int, device: torch.device,
+                 generators: dict[int, torch.Generator]) -> tuple[torch.Tensor, int]:
+        if generators:
+            seeds = torch.empty(rows, dtype=torch.int64, device=device).random_()
+            for row, generator in generators.items():
+                seeds[row] = torch.empty(1, dtype=torch.int64,
+                                         device=generator.device).random_(generator=generator)[0]
+            return seeds, 0
+        if self._keys is None or self._keys.device != device or self._keys.numel() < rows:
+            self._keys = torch.empty(max(rows, 256), dtype=torch.int64, device=device).random_()
+        self._calls += 1
+        return self._keys[:rows], self._calls
+
+
 def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
-                        generators: dict[int, torch.Generator]) -> torch.Tensor:
+                        generators: dict[int, torch.Generator], noise_seeds: NoiseSeeds,
+                        sampled_host: torch.Tensor | None = None) -> torch.Tensor:
     """The exponential race of ``random_sample`` in one kernel (the Gumbel-max form) over the
-    raw logits: no float32 copy, softmax or noise tensor. Each row's noise comes from a
-    64-bit seed drawn from its own generator (seeded rows) or the default one, so seeded
-    rows stay independent of the batch around them."""
+    raw logits: no float32 copy, softmax or noise tensor. Each row's noise comes from its
+    Philox key and the call's offset (``NoiseSeeds``). The kernel also writes the ids into
+    ``sampled_host`` (pinned) when given."""
     rows = logits.shape[0]
-    seeds = torch.empty(rows, dtype=torch.int64, device=logits.device).random_()
-    for row, generator in generators.items():
-        seeds[row] = torch.empty(1, dtype=torch.int64, device=generator.device).random_(generator=generator)[0]
+    seeds, offset = noise_seeds(rows, logits.device, generators)
     sampled = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    ops.gumbel_sample(sampled, logits, temperature, seeds)
+    ops.gumbel_sample(sampled, logits, temperature, seeds, seed_offset=offset, sampled_host=sampled_host)
     return sampled
 
 
@@ -80,9 +114,18 @@ class Sampler(nn.Module):
     presence/frequency on output), greedy argmax for temperature-0 rows; for the others
     temperature, top-k, top-p, min-p, then an exponential-race sample (on CUDA without
     top-k/top-p/min-p: the same race fused into one pass, ``fused_random_sample``).
+
+    With ``sampled_host`` (pinned, one int64 per row) the ids are written there by the sampling
+    kernel itself where one kernel makes them (all rows greedy, or all random on the fused
+    path); the output says whether it did.
     """
 
-    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise_seeds = NoiseSeeds()
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                sampled_host: torch.Tensor | None = None) -> SamplerOutput:
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.float().log_softmax(dim=1)
@@ -99,23 +142,28 @@ class Sampler(nn.Module):
                     presence_penalties=metadata.presence_penalties,
                     frequency_penalties=metadata.frequency_penalties,
                     repetition_penalties=metadata.repetition_penalties)
-        sampled = self.sample(logits, metadata, private=private)
+        sampled, host = self.sample(logits, metadata, private=private, sampled_host=sampled_host)
         logprobs_tensors = None
         if raw_logprobs is not None:
             logprobs_tensors = gather_logprobs(raw_logprobs, sampled,
                                                metadata.max_num_logprobs)
-        return SamplerOutput(sampled, logprobs_tensors)
+        return SamplerOutput(sampled, logprobs_tensors, host)
 
-    @staticmethod
-    def sample(logits: torch.Tensor, metadata: SamplingMetadata,
-               private: bool = False) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata, private: bool = False,
+               sampled_host: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Greedy and/or random sampling of already-penalized logits (any float dtype),
-        which are modified only when `private` (a float32 copy the caller gave up)."""
-        greedy = None if metadata.all_random else greedy_sample(logits)
+        which are modified only when `private` (a float32 copy the caller gave up). Returns the
+        ids and ``sampled_host`` if a kernel wrote them there too (else None)."""
         if metadata.all_greedy:
-            return greedy
+            host = sampled_host if greedy_kernel_applies(logits) else None
+            return greedy_sample(logits, host), host
+        greedy = None if metadata.all_random else greedy_sample(logits)
         if fused_sampling_applies(logits, metadata):
-            sampled = fused_random_sample(logits, metadata.temperature, metadata.generators)
+            host = sampled_host if greedy is None else None
+            sampled = fused_random_sample(logits, metadata.temperature, metadata.generators,
+                                          self.noise_seeds, host)
+            if greedy is None:
+                return sampled, host
         else:
             if not private:
                 logits = logits.to(torch.float32, copy=True)
@@ -126,5 +174,5 @@ class Sampler(nn.Module):
                 logits = apply_min_p(logits, metadata.min_p)
             sampled = random_sample(logits.softmax(dim=1), metadata.generators)
         if greedy is None:
-            return sampled
-        return torch.where(metadata.greedy_mask, greedy, sampled)
+            return sampled, None
+        return torch.where(metadata.greedy_mask, greedy, sampled), None

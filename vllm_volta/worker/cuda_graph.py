@@ -129,16 +129,15 @@ class CudaGraphRunner:
     def load(self, inp: ModelInput) -> int:
         """Copy a decode step's inputs into the static buffers; returns the graph size.
 
-        Three copies; padding rows are reset only where an earlier, larger step left
-        real values (a padding row: no KV write, a 1-token context in the null block).
+        One launch (stage_decode_inputs: token table, or the ids replacing its input ids,
+        sequence lengths, block table); padding rows are reset only where an earlier, larger
+        step left real values (a padding row: no KV write, a 1-token context in the null block).
         """
         md = inp.attn_metadata
         num = md.num_seqs
         size = self.padded_size(num)
-        width = md.block_table.shape[1]
-        self.token_table[:, :num].copy_(inp.token_table, non_blocking=True)
-        self.seq_lens[:num].copy_(md.seq_lens, non_blocking=True)
-        self.block_table[:num, :width].copy_(md.block_table, non_blocking=True)
+        ops.stage_decode_inputs(self.token_table, self.seq_lens, self.block_table, inp.token_table,
+                                md.seq_lens, md.block_table, inp.replace_ids)
         stale = min(size, self._num_dirty)
         if stale > num:
             self.token_table[:, num:stale].copy_(self._pad_tokens.expand(3, stale - num))

@@ -29,6 +29,9 @@ class ModelInput:
     query_start_loc: np.ndarray    # [B+1] host copy, for prompt-logprob slicing
     # [3, T] int64, device: input ids, positions, slot mapping (one copy into CUDA graphs)
     token_table: torch.Tensor
+    # [T] int64, device, or None: the input ids to run instead of input_ids (steady async
+    # decoding: the previous step's samples), applied by whoever runs the forward
+    replace_ids: torch.Tensor | None = None
 
     @property
     def logits_rows_identity(self) -> bool:

@@ -17,6 +17,7 @@ from vllm_volta.sample.sampler import Sampler
 from vllm_volta.sampling_params import SamplingType
 from vllm_volta.worker.block_table import BlockTableCache
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
+from vllm_volta.worker.pinned_ids import PinnedIdsPool
 
 logger = init_logger(__name__)
 
@@ -45,13 +46,15 @@ class ModelRunnerOutput:
 @dataclass
 class PendingOutput:
     """A launched step. Its sampled token ids (one per request of `req_ids`) are turned into
-    the output by result(); with async scheduling they are still being copied to the host
-    (pinned buffer + `ready` event), and result() waits for them."""
+    the output by result(); with async scheduling they are still on their way to the host
+    (a pinned buffer of `pool` + `ready` event), and result() waits for them."""
 
     output: ModelRunnerOutput
     req_ids: list[str] = field(default_factory=list)
     host_ids: torch.Tensor | None = None
     ready: torch.cuda.Event | None = None
+    pool: PinnedIdsPool | None = None
+    buffer: torch.Tensor | None = None  # the pool's buffer host_ids is a view of
 
     def result(self) -> ModelRunnerOutput:
         if self.host_ids is not None:
@@ -60,6 +63,9 @@ class PendingOutput:
             self.output.sampled_token_ids = {
                 rid: [token] for rid, token in zip(self.req_ids, self.host_ids.tolist())}
             self.host_ids = None
+            if self.pool is not None:
+                self.pool.release(self.buffer)
+                self.pool = self.buffer = None
         return self.output
 
 
@@ -93,6 +99,7 @@ class ModelRunner:
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self._prev_sampled: torch.Tensor | None = None
         self._prev_req_ids: list[str] = []
+        self._host_ids = PinnedIdsPool()
         # The last step's request ids in row order, and its rows that want prompt logprobs
         # (kept while the batch is the same requests in the same order).
         self._step_req_ids: list[str] = []
@@ -181,8 +188,9 @@ class ModelRunner:
         if same_batch and inp.num_tokens == len(scheduled) and req_ids == prev_ids:
             # Steady decoding: one token per row, the rows the last step sampled, in order.
             # Each row's token is the one sampled for it (pending, or already applied on the
-            # host: the same value), so the whole row of ids is copied at once.
-            inp.input_ids.copy_(self._prev_sampled)
+            # host: the same value), so the whole row of ids is taken at once (by the graph's
+            # input staging, or one copy: _forward).
+            inp.replace_ids = self._prev_sampled
             return
         # Only a request's newest token can be pending: the last input row of its sequence.
         waiting = [i for i, s in enumerate(scheduled) if s.token_ids[-1] == PENDING_TOKEN]
@@ -196,6 +204,8 @@ class ModelRunner:
     def _forward(self, inp: ModelInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
             return self.graph_runner.run(inp)
+        if inp.replace_ids is not None:
+            inp.input_ids.copy_(inp.replace_ids)
         return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata,
                           final_norm=False)
 
@@ -215,7 +225,14 @@ class ModelRunner:
         reqs = scheduled if all_rows else [scheduled[i] for i in rows]
         req_ids = step_req_ids if all_rows else [step_req_ids[i] for i in rows]
         metadata = self._sampling_metadata(reqs, req_ids)
-        result = self.sampler(logits, metadata)
+        # Async on the GPU: the ids go to a pinned buffer, written by the sampling kernel itself
+        # where it can (no copy launch), and are read when the step's event has completed.
+        to_host = self.async_scheduling and logits.is_cuda
+        host = None
+        if to_host:
+            pending.pool, pending.buffer = self._host_ids, self._host_ids.acquire(len(rows))
+            host = pending.buffer[:len(rows)]
+        result = self.sampler(logits, metadata, sampled_host=host)
         ids = result.sampled_token_ids
         output = pending.output
         pending.req_ids = req_ids
@@ -223,11 +240,12 @@ class ModelRunner:
         if self.async_scheduling:
             self._prev_sampled = ids
             self._prev_req_ids = req_ids
-            if ids.is_cuda:
-                pending.host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-                pending.host_ids.copy_(ids, non_blocking=True)
-                pending.ready = torch.cuda.Event()
-                pending.ready.record()
+        if to_host:
+            if result.sampled_host is None:
+                host.copy_(ids, non_blocking=True)
+            pending.host_ids = host
+            pending.ready = torch.cuda.Event()
+            pending.ready.record()
         if result.logprobs_tensors is not None:
             ids, lps, ranks = result.logprobs_tensors.tolists()
             for j, s in enumerate(reqs):
