@@ -35,3 +35,21 @@ def test_cuda_copy_does_not_wait_for_queued_work():
     assert not busy_done.query()
     torch.cuda.synchronize()
     assert out.device.type == "cuda" and out.cpu().tolist() == values
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_copy_stream_transfer_runs_beside_queued_work_and_is_ordered_before_its_use():
+    device = torch.device("cuda")
+    copy_stream = torch.cuda.Stream(device)
+    torch.cuda.synchronize()
+    busy_done = torch.cuda.Event()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued on the current stream
+    busy_done.record()
+    values = list(range(5000))
+    out = to_device(values, device, torch.int64, copy_stream=copy_stream)
+    doubled = out * 2  # on the current stream: after the copy (it waits for copy_stream)
+    copy_stream.synchronize()  # the transfer is done while the queued work still runs
+    assert not busy_done.query()
+    torch.cuda.synchronize()
+    assert doubled.cpu().tolist() == [2 * v for v in values]

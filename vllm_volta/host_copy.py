@@ -14,9 +14,14 @@ import numpy as np
 import torch
 
 
-def to_device(data: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+def to_device(data: Any, device: torch.device | str, dtype: torch.dtype | None = None,
+              copy_stream: torch.cuda.Stream | None = None) -> torch.Tensor:
     """`data` (a CPU tensor, numpy array or nested list) on `device`, copied without waiting for
-    the device's queued work. On the CPU the result may share memory with `data`."""
+    the device's queued work. On the CPU the result may share memory with `data`.
+
+    With `copy_stream` (CUDA) the transfer runs on that stream, beside the work already queued on
+    the current one, which only waits for it where it is used: the copy engine's start-up then
+    overlaps that work instead of stalling the current stream's next kernel."""
     if isinstance(data, np.ndarray):
         tensor = torch.from_numpy(data)
     elif isinstance(data, torch.Tensor):
@@ -30,4 +35,11 @@ def to_device(data: Any, device: torch.device | str, dtype: torch.dtype | None =
         return tensor
     if device.type == "cuda":
         tensor = tensor.pin_memory()
+        if copy_stream is not None:
+            current = torch.cuda.current_stream(device)
+            with torch.cuda.stream(copy_stream):
+                out = tensor.to(device, non_blocking=True)
+            current.wait_stream(copy_stream)
+            out.record_stream(current)  # its memory is reused only after the current stream's use
+            return out
     return tensor.to(device, non_blocking=True)

@@ -69,13 +69,15 @@ def padded_logits_rows(n: int) -> int:
 
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
-                   device: torch.device, block_tables: BlockTableCache | None = None) -> ModelInput:
+                   device: torch.device, block_tables: BlockTableCache | None = None,
+                   copy_stream: torch.cuda.Stream | None = None) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
     Every input goes to the device in one copy (views of one packed buffer): each
     host->device copy costs host time per step and a gap on the device. The copy never waits
-    for the device (host_copy.to_device). `block_tables` carries the block table from one step
-    to the next (rows whose lists did not change are not rebuilt).
+    for the device (host_copy.to_device; on `copy_stream` when given, so that it runs while the
+    previous step computes). `block_tables` carries the block table from one step to the next
+    (rows whose lists did not change are not rebuilt).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -122,7 +124,7 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                        * block_size + positions % block_size)
     packed[li_at:li_at + len(sample_rows)] = qsl[1:][sample_rows] - 1
 
-    dev = to_device(packed, device)
+    dev = to_device(packed, device, copy_stream=copy_stream)
     dev32 = dev[i32_at:].view(torch.int32)[:num32]
     dev_table = dev[:li_at].view(3, row)[:, :num_tokens]
     host32 = torch.from_numpy(packed32)

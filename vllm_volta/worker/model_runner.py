@@ -100,6 +100,8 @@ class ModelRunner:
         self._prev_sampled: torch.Tensor | None = None
         self._prev_req_ids: list[str] = []
         self._host_ids = PinnedIdsPool()
+        # The step's packed inputs go to the device on their own stream (host_copy.to_device).
+        self._input_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # The last step's request ids in row order, and its rows that want prompt logprobs
         # (kept while the batch is the same requests in the same order).
         self._step_req_ids: list[str] = []
@@ -174,7 +176,8 @@ class ModelRunner:
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest], req_ids: list[str],
                         same_batch: bool) -> ModelInput:
-        inp = prepare_inputs(scheduled, self.block_size, self.device, self._block_tables)
+        inp = prepare_inputs(scheduled, self.block_size, self.device, self._block_tables,
+                             self._input_stream)
         self._fill_pending_tokens(scheduled, req_ids, same_batch, inp)
         return inp
 
