@@ -42,11 +42,12 @@ def test_cuda_copy_does_not_wait_for_queued_work():
 def test_copy_stream_transfer_runs_beside_queued_work_and_is_ordered_before_its_use():
     device = torch.device("cuda")
     copy_stream = torch.cuda.Stream(device)
+    values = list(range(5000))
+    to_device(values, device, torch.int64, copy_stream=copy_stream)  # the stream's first allocation
     torch.cuda.synchronize()
     busy_done = torch.cuda.Event()
     torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued on the current stream
     busy_done.record()
-    values = list(range(5000))
     out = to_device(values, device, torch.int64, copy_stream=copy_stream)
     doubled = out * 2  # on the current stream: after the copy (it waits for copy_stream)
     copy_stream.synchronize()  # the transfer is done while the queued work still runs
