@@ -43,7 +43,9 @@ def test_copy_stream_transfer_runs_beside_queued_work_and_is_ordered_before_its_
     device = torch.device("cuda")
     copy_stream = torch.cuda.Stream(device)
     values = list(range(5000))
-    to_device(values, device, torch.int64, copy_stream=copy_stream)  # the stream's first allocation
+    # Once untimed: the copy stream's first allocation and the multiply kernel's first (lazily
+    # loading, device-synchronizing) launch.
+    to_device(values, device, torch.int64, copy_stream=copy_stream) * 2
     torch.cuda.synchronize()
     busy_done = torch.cuda.Event()
     torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued on the current stream
