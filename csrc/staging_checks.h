@@ -23,8 +23,7 @@ inline int64_t check_rows_2d(const char* op, const char* arg, const Tensor& t, S
                              const char* dtype_str) {
   VLLM_VOLTA_CHECK(t.scalar_type() == dtype && t.dim() == 2, op, ": '", arg, "' must be a 2-D ", dtype_str,
                   " tensor");
-  VLLM_VOLTA_CHECK(t.size(1) <= 1 || t.stride(1) == 1, op, ": '", arg, "' must be contiguous in its last dimension");
-  return t.size(0) > 1 ? t.stride(0) : t.size(1);
+  return row_layout(op, arg, t).row_stride;
 }
 inline void check_vector(const char* op, const char* arg, const Tensor& t, ScalarType dtype, const char* dtype_str) {
   VLLM_VOLTA_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.is_contiguous(), op, ": '", arg,

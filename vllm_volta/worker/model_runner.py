@@ -239,16 +239,15 @@ class ModelRunner:
         ids = result.sampled_token_ids
         output = pending.output
         pending.req_ids = req_ids
-        pending.host_ids = ids
         if self.async_scheduling:
             self._prev_sampled = ids
             self._prev_req_ids = req_ids
         if to_host:
             if result.sampled_host is None:
                 host.copy_(ids, non_blocking=True)
-            pending.host_ids = host
             pending.ready = torch.cuda.Event()
             pending.ready.record()
+        pending.host_ids = host if to_host else ids
         if result.logprobs_tensors is not None:
             ids, lps, ranks = result.logprobs_tensors.tolists()
             for j, s in enumerate(reqs):
