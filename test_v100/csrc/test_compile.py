@@ -75,11 +75,13 @@ NVRTC_UNITS = {
     "kernels/sampling.cuh": [f"&vllm_volta::gumbel_argmax_kernel<{t}, {noise}, {vec}>"
                              for t in ("__half", "float", "__nv_bfloat16") for noise in ("true", "false")
                              for vec in ("true", "false")],
-    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvEpilogue::{e}, {norm}>"
+    "kernels/gemv.cuh": [f"&vllm_volta::gemv_kernel<{m}, {r}, {u}, vllm_volta::GemvEpilogue::{e}, {norm}, {multi}>"
                          for m in (1, 2, 3, 4) for r, u in ((2, 4), (4, 2), (8, 1))
-                         for e, norm in (("kNone", "false"), ("kNone", "true"), ("kSiluAndMul", "false"),
-                                         ("kSiluAndMul", "true"), ("kAdd", "false"), ("kRopeCache", "false"),
-                                         ("kRopeCache", "true"))],
+                         for e, norm, multi in (("kNone", "false", "false"), ("kNone", "true", "false"),
+                                                ("kSiluAndMul", "false", "false"), ("kSiluAndMul", "true", "false"),
+                                                ("kAdd", "false", "false"), ("kAdd", "false", "true"),
+                                                ("kRopeCache", "false", "false"), ("kRopeCache", "true", "false"),
+                                                ("kRopeCache", "false", "true"), ("kRopeCache", "true", "true"))],
 }
 
 

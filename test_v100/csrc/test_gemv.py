@@ -215,6 +215,58 @@ def test_rope_cache_equals_gemv_then_rotary_and_cache(device, m, heads, kv_heads
     assert torch.equal(cache, expected_cache)
 
 
+def _groups_past_residency(device, rows_per_group):
+    """Output rows for more row groups than twice the blocks the GPU can hold at once (at most 8
+    blocks of 256 threads per SM), plus a remainder: every block of a one-wave grid takes several
+    groups, and the shares differ by one."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return rows_per_group * (2 * 8 * sms + 3)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("rows_per_block", [0, 2, 8])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per_block):
+    # Where launches are plain (not programmatic dependents: below SM90, Volta mode,
+    # VLLM_VOLTA_PDL=0), gemv_add runs one wave of blocks that each take several row groups.
+    n = _groups_past_residency(device, rows_per_block or 4) + 1
+    x, w, b = _case(m, n, 64, bias=True, seed=6)
+    residual = torch.randn(m, n, dtype=torch.float16, device=device)
+    product = torch.empty(m, n, dtype=torch.float16, device=device)
+    torch.ops._C.gemv(product, x, w, b, rows_per_block)
+    expected = (product.float() + residual.float()).half()
+    torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)
+    assert torch.equal(residual, expected)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_rope_cache_with_groups_past_residency_equals_gemv_then_rotary_and_cache(device, m, norm):
+    # The same one-wave grids for gemv_rope_cache (a group: 2 rotation pairs, 4 rows).
+    d, kv_heads, k = 64, 2, 64
+    heads = _groups_past_residency(device, 4) // d + 1
+    q_size, kv_size = heads * d, kv_heads * d
+    x, w, b = _case(m, q_size + 2 * kv_size, k, bias=True, seed=11)
+    g = torch.Generator().manual_seed(12)
+    cache = torch.randn(2, 4, 16, kv_heads, d, generator=g).half().cuda()
+    positions = torch.randint(0, 100, (m,), generator=g).cuda()
+    slots = torch.randperm(64, generator=g)[:m].cuda()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(128).float(), inv_freq)
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).cuda()
+    norm_weight = (torch.rand(k, generator=g) + 0.5).half().cuda() if norm else None
+    eps = 1e-6 if norm else 0.0
+    expected, expected_cache = torch.empty(m, w.shape[0], dtype=torch.float16, device=device), cache.clone()
+    torch.ops._C.gemv(expected, x, w, b, 0, norm_weight, eps)
+    q, key, v = expected.split([q_size, kv_size, kv_size], dim=1)
+    torch.ops._C.rotary_embedding_and_cache(positions, q, key, v, expected_cache, slots, d, table, True)
+    out = torch.full_like(expected, float("nan"))
+    torch.ops._C.gemv_rope_cache(out, x, w, b, positions, cache, slots, table, True, norm_weight, eps)
+    assert torch.equal(out, expected)
+    assert torch.equal(cache, expected_cache)
+
+
 def _meta_args(**overrides):
     meta = dict(device="meta", dtype=torch.float16)
     args = dict(out=torch.empty(2, 64, **meta), input=torch.empty(2, 32, **meta), weight=torch.empty(64, 32, **meta),
