@@ -106,16 +106,22 @@ def test_silu_and_mul_equals_gemv_then_silu_and_mul(device, m):
     assert torch.equal(out, expected)
 
 
+def _gemv_then_add(device, m, n, k, rows_per_block, bias, seed):
+    """A case for gemv_add: (x, w, b, residual, product, expected), where product is gemv's and
+    expected = residual + product as fused_add_rms_norm adds them (what gemv_add must give)."""
+    x, w, b = _case(m, n, k, bias=bias, seed=seed)
+    residual = torch.randn(m, n, dtype=torch.float16, device=device)
+    product = torch.empty(m, n, dtype=torch.float16, device=device)
+    torch.ops._C.gemv(product, x, w, b, rows_per_block)
+    return x, w, b, residual, product, (product.float() + residual.float()).half()
+
+
 @pytest.mark.parametrize("m", [1, 2, 3])
 @pytest.mark.parametrize("rows_per_block", [0, 2, 8])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_add_matches_gemv_then_add(device, m, rows_per_block, bias):
-    x, w, b = _case(m, 1001, 2048, bias=bias, seed=5)
-    residual = torch.randn(m, 1001, dtype=torch.float16, device=device)
-    product = torch.empty(m, 1001, dtype=torch.float16, device=device)
-    torch.ops._C.gemv(product, x, w, b, rows_per_block)
-    expected = (product.float() + residual.float()).half()  # fused_add_rms_norm's add
+    x, w, b, residual, product, expected = _gemv_then_add(device, m, 1001, 2048, rows_per_block, bias, seed=5)
     torch.testing.assert_close(product.double() + residual.double(), _reference(x, w, b) + residual.double(),
                                atol=2e-3, rtol=2e-3)
     torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)
@@ -178,8 +184,8 @@ def test_silu_and_mul_norm_prologue_matches_reference(device, m, bias):
     torch.testing.assert_close(out.double(), expected.double(), atol=4e-3, rtol=4e-3)
 
 
-def _rope_case(m, heads, kv_heads, d, *, bias, norm, table_dtype, seed):
-    k = heads * d
+def _rope_case(m, heads, kv_heads, d, *, bias, norm, table_dtype, seed, k=None):
+    k = k or heads * d
     n = (heads + 2 * kv_heads) * d
     x, w, b = _case(m, n, k, bias=bias, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -195,6 +201,21 @@ def _rope_case(m, heads, kv_heads, d, *, bias, norm, table_dtype, seed):
     return x, w, b, cache, positions, slots, table, norm_weight
 
 
+def _assert_rope_cache_equals_gemv_then_rotary(case, q_size, kv_size, d, neox):
+    """gemv_rope_cache on a _rope_case equals gemv, then rotary_embedding_and_cache, bit for bit."""
+    x, w, b, cache, positions, slots, table, g = case
+    eps = 1e-6 if g is not None else 0.0
+    expected = torch.empty(x.shape[0], w.shape[0], dtype=torch.float16, device=x.device)
+    expected_cache = cache.clone()
+    torch.ops._C.gemv(expected, x, w, b, 0, g, eps)
+    q, k, v = expected.split([q_size, kv_size, kv_size], dim=1)
+    torch.ops._C.rotary_embedding_and_cache(positions, q, k, v, expected_cache, slots, d, table, neox)
+    out = torch.full_like(expected, float("nan"))
+    torch.ops._C.gemv_rope_cache(out, x, w, b, positions, cache, slots, table, neox, g, eps)
+    assert torch.equal(out, expected)
+    assert torch.equal(cache, expected_cache)
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 64), (32, 8, 128)])
 @pytest.mark.parametrize("neox", [True, False])
@@ -202,17 +223,8 @@ def _rope_case(m, heads, kv_heads, d, *, bias, norm, table_dtype, seed):
                                                    (True, False, torch.float16), (False, True, torch.float32)])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_rope_cache_equals_gemv_then_rotary_and_cache(device, m, heads, kv_heads, d, neox, bias, norm, table_dtype):
-    x, w, b, cache, positions, slots, table, g = _rope_case(m, heads, kv_heads, d, bias=bias, norm=norm,
-                                                            table_dtype=table_dtype, seed=10)
-    q_size, kv_size = heads * d, kv_heads * d
-    expected, expected_cache = torch.empty(m, w.shape[0], dtype=torch.float16, device=device), cache.clone()
-    torch.ops._C.gemv(expected, x, w, b, 0, g, 1e-6 if norm else 0.0)
-    q, k, v = expected.split([q_size, kv_size, kv_size], dim=1)
-    torch.ops._C.rotary_embedding_and_cache(positions, q, k, v, expected_cache, slots, d, table, neox)
-    out = torch.full_like(expected, float("nan"))
-    torch.ops._C.gemv_rope_cache(out, x, w, b, positions, cache, slots, table, neox, g, 1e-6 if norm else 0.0)
-    assert torch.equal(out, expected)
-    assert torch.equal(cache, expected_cache)
+    case = _rope_case(m, heads, kv_heads, d, bias=bias, norm=norm, table_dtype=table_dtype, seed=10)
+    _assert_rope_cache_equals_gemv_then_rotary(case, heads * d, kv_heads * d, d, neox)
 
 
 def _groups_past_residency(device, rows_per_group):
@@ -230,11 +242,7 @@ def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per
     # Where launches are plain (not programmatic dependents: below SM90, Volta mode,
     # VLLM_VOLTA_PDL=0), gemv_add runs one wave of blocks that each take several row groups.
     n = _groups_past_residency(device, rows_per_block or 4) + 1
-    x, w, b = _case(m, n, 64, bias=True, seed=6)
-    residual = torch.randn(m, n, dtype=torch.float16, device=device)
-    product = torch.empty(m, n, dtype=torch.float16, device=device)
-    torch.ops._C.gemv(product, x, w, b, rows_per_block)
-    expected = (product.float() + residual.float()).half()
+    x, w, b, residual, _, expected = _gemv_then_add(device, m, n, 64, rows_per_block, True, seed=6)
     torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)
     assert torch.equal(residual, expected)
 
@@ -244,27 +252,10 @@ def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_rope_cache_with_groups_past_residency_equals_gemv_then_rotary_and_cache(device, m, norm):
     # The same one-wave grids for gemv_rope_cache (a group: 2 rotation pairs, 4 rows).
-    d, kv_heads, k = 64, 2, 64
+    d, kv_heads = 64, 2
     heads = _groups_past_residency(device, 4) // d + 1
-    q_size, kv_size = heads * d, kv_heads * d
-    x, w, b = _case(m, q_size + 2 * kv_size, k, bias=True, seed=11)
-    g = torch.Generator().manual_seed(12)
-    cache = torch.randn(2, 4, 16, kv_heads, d, generator=g).half().cuda()
-    positions = torch.randint(0, 100, (m,), generator=g).cuda()
-    slots = torch.randperm(64, generator=g)[:m].cuda()
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
-    freqs = torch.outer(torch.arange(128).float(), inv_freq)
-    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).cuda()
-    norm_weight = (torch.rand(k, generator=g) + 0.5).half().cuda() if norm else None
-    eps = 1e-6 if norm else 0.0
-    expected, expected_cache = torch.empty(m, w.shape[0], dtype=torch.float16, device=device), cache.clone()
-    torch.ops._C.gemv(expected, x, w, b, 0, norm_weight, eps)
-    q, key, v = expected.split([q_size, kv_size, kv_size], dim=1)
-    torch.ops._C.rotary_embedding_and_cache(positions, q, key, v, expected_cache, slots, d, table, True)
-    out = torch.full_like(expected, float("nan"))
-    torch.ops._C.gemv_rope_cache(out, x, w, b, positions, cache, slots, table, True, norm_weight, eps)
-    assert torch.equal(out, expected)
-    assert torch.equal(cache, expected_cache)
+    case = _rope_case(m, heads, kv_heads, d, bias=True, norm=norm, table_dtype=torch.float32, seed=11, k=64)
+    _assert_rope_cache_equals_gemv_then_rotary(case, heads * d, kv_heads * d, d, True)
 
 
 def _meta_args(**overrides):
