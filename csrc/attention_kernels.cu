@@ -246,13 +246,14 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     T* out_ptr = static_cast<T*>(out.data_ptr());
     const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
                     static_cast<unsigned>(num_partitions));
+    const bool pdl = programmatic_launch_for(device, a.num_seqs);
     dispatch_head_size(d, [&](auto d_tag) {
       constexpr int D = decltype(d_tag)::value;
       if constexpr (!std::is_same_v<T, float>) {
         if (tc.smem > 0) {
           const unsigned tc_threads = static_cast<unsigned>(tc.threads);
           launch_kernel(paged_attention_decode_tc_kernel<T, D>, grid, dim3(tc_threads), static_cast<size_t>(tc.smem),
-                        stream, device, out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
+                        stream, pdl, out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
                         static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
                         static_cast<const int*>(seq_lens.data_ptr()), params);
           return;
@@ -263,7 +264,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
         constexpr bool EXACT = decltype(exact_tag)::value;
         const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
         constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
-        launch_kernel(kernel, grid, dim3(fitted_threads<kernel>(device, num_threads)), smem, stream, device, out_ptr,
+        launch_kernel(kernel, grid, dim3(fitted_threads<kernel>(device, num_threads)), smem, stream, pdl, out_ptr,
                       part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
                       static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
                       static_cast<const int*>(seq_lens.data_ptr()), params);
@@ -271,7 +272,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     });
     if (num_partitions > 1) {
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
-      launch_kernel(paged_attention_reduce_kernel<T>, grid, dim3(128), 0, stream, device, out_ptr, part_out, part_max,
+      launch_kernel(paged_attention_reduce_kernel<T>, grid, dim3(128), 0, stream, pdl, out_ptr, part_out, part_max,
                     part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
                     static_cast<int>(part_size), static_cast<int>(num_partitions));
     }

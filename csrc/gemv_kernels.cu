@@ -30,16 +30,17 @@ void dispatch_gemv_rows(int64_t m, F&& f) {
 constexpr int64_t kGemvDefaultRowsPerBlock = 4;
 
 // The grid of a kAdd or kRopeCache launch, whose groups end in a global read (the residual;
-// position, cos / sin and slot): where launches are plain (not programmatic dependents, which
-// need free slots to start early), one wave of resident blocks with equal shares of the
-// groups, each block loading its next group's weights during that read (gemv_kernel with
-// MULTI). Batch-1 Llama-3-8B decode in Volta mode on an H200: o_proj / down_proj 20.5 ->
-// 19.5-19.7 us, qkv 17.3 -> 16.1-16.2 us per call, 2% per token. Otherwise `groups`: a block
-// per group (with programmatic launches the one-wave grid made that decode 0.7% slower).
+// position, cos / sin and slot): where launches are plain (below SM90, Volta mode, 1-2 rows:
+// programmatic_launch_for), one wave of resident blocks with equal shares of the groups, each
+// block loading its next group's weights during that read (gemv_kernel with MULTI). Batch-1
+// Llama-3-8B decode in Volta mode on an H200: o_proj / down_proj 20.5 -> 19.5-19.7 us, qkv
+// 17.3 -> 16.1-16.2 us per call, 2% per token. Otherwise `groups`: a block per group
+// (programmatic dependents need free slots to start early; with them the one-wave grid made
+// that decode 0.7% slower).
 template <int M, int R, int U, GemvEpilogue E, bool NORM>
-unsigned shared_groups_grid(unsigned groups, int device) {
+unsigned shared_groups_grid(unsigned groups, int device, bool programmatic) {
   constexpr int kMaxDevices = 64;
-  if (device < 0 || device >= kMaxDevices || programmatic_launch_enabled(device)) return groups;
+  if (device < 0 || device >= kMaxDevices || programmatic) return groups;
   static std::atomic<int> slots[kMaxDevices];  // resident blocks on the device, 0 unknown
   int s = slots[device].load(std::memory_order_relaxed);
   if (s == 0) {
@@ -88,17 +89,18 @@ void launch_gemv(const char* op, Tensor out, Tensor input, Tensor weight, std::o
   // The kernel's n: output features, or (kRopeCache) rotation pairs.
   const int n = static_cast<int>(E == GemvEpilogue::kRopeCache ? a.n / 2 : a.n), k = static_cast<int>(a.k);
   const auto groups = static_cast<unsigned>(ceil_div(n, PAIRED ? rows / 2 : rows));
+  const bool pdl = programmatic_launch_for(device, a.m);
   auto launch = [&](auto m_tag, auto norm_tag) {
     constexpr int M = decltype(m_tag)::value;
     constexpr bool NORM = decltype(norm_tag)::value;
     auto go = [&](auto r_tag, auto u_tag) {
       constexpr int R = decltype(r_tag)::value, U = decltype(u_tag)::value;
       auto launch_with = [&](auto kernel, unsigned blocks) {
-        launch_kernel(kernel, dim3(blocks), dim3(kGemvThreads), 0, stream, device, o, a.out_stride, x, a.in_stride,
+        launch_kernel(kernel, dim3(blocks), dim3(kGemvThreads), 0, stream, pdl, o, a.out_stride, x, a.in_stride,
                       w, b, n, k, g, eps, rope);
       };
       if constexpr (E == GemvEpilogue::kAdd || E == GemvEpilogue::kRopeCache) {
-        if (const unsigned blocks = shared_groups_grid<M, R, U, E, NORM>(groups, device); blocks < groups)
+        if (const unsigned blocks = shared_groups_grid<M, R, U, E, NORM>(groups, device, pdl); blocks < groups)
           return launch_with(gemv_kernel<M, R, U, E, NORM, true>, blocks);
       }
       launch_with(gemv_kernel<M, R, U, E, NORM, false>, groups);

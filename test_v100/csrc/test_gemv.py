@@ -240,7 +240,8 @@ def _groups_past_residency(device, rows_per_group):
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per_block):
     # Where launches are plain (not programmatic dependents: below SM90, Volta mode,
-    # VLLM_VOLTA_PDL=0), gemv_add runs one wave of blocks that each take several row groups.
+    # VLLM_VOLTA_PDL=0, 1-2 rows), gemv_add runs one wave of blocks that each take several row
+    # groups; otherwise a block per group.
     n = _groups_past_residency(device, rows_per_block or 4) + 1
     x, w, b, residual, _, expected = _gemv_then_add(device, m, n, 64, rows_per_block, True, seed=6)
     torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)

@@ -1,6 +1,6 @@
 """Programmatic dependent launch of the decode kernels (csrc/programmatic_launch.cu): when the
-extension says it is on, against the device, the build's archs and the switches; and a chain of
-dependent gemv ops replayed in a CUDA graph (where each kernel may start before the one it reads
+extension says it is on, against the device, the build's archs and the switches (it then applies
+from 3 rows per launch); and a chain of dependent gemv ops, at one and four rows, replayed in a CUDA graph (where each kernel may start before the one it reads
 from ends) equal, bit for bit, to the same ops run one at a time."""
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def test_switched_off_by_the_environment(device):
     assert out.stdout.strip() == "False"
 
 
+# 1-2 rows: plain launches, gemv_add in one-wave grids; 3+ rows: programmatic dependents where on.
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
-def test_dependent_gemv_chain_in_a_graph_equals_ops_one_at_a_time(device):
+def test_dependent_gemv_chain_in_a_graph_equals_ops_one_at_a_time(device, rows):
     g = torch.Generator().manual_seed(0)
     k, big = 2048, 14336
 
@@ -67,10 +69,10 @@ def test_dependent_gemv_chain_in_a_graph_equals_ops_one_at_a_time(device):
 
     layers = [(weight(2 * big, k), weight(k, big), weight(3 * k, k), weight(k, 3 * k)) for _ in range(6)]
     norm = (torch.rand(k, generator=g) + 0.5).half().to(device)
-    x0 = torch.randn(1, k, generator=g).half().to(device)
+    x0 = torch.randn(rows, k, generator=g).half().to(device)
     residual = torch.empty_like(x0)
-    act = torch.empty(1, big, dtype=torch.float16, device=device)
-    mid = torch.empty(1, 3 * k, dtype=torch.float16, device=device)
+    act = torch.empty(rows, big, dtype=torch.float16, device=device)
+    mid = torch.empty(rows, 3 * k, dtype=torch.float16, device=device)
 
     def chain(sync: bool):
         residual.copy_(x0)
