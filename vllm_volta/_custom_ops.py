@@ -44,9 +44,10 @@ def programmatic_launch(device: int | torch.device) -> bool:
     """Whether the decode kernels (gemv, paged attention) go out as programmatic dependent
     launches on this CUDA device: each may then start, issuing its weight loads, while the
     kernel before it finishes. Applies to launches of 3+ rows (tokens, sequences); 1-2 row
-    launches stay plain, which measured faster for batch-1 and -2 decode (csrc/cuda_launch.h). Needs an SM90+ GPU running an image compiled for compute_90+
-    (not the Volta build's PTX), no VLLM_VOLTA_DEVICE_CAPABILITY below 9.0, and VLLM_VOLTA_PDL
-    not switched off; decided once per device and process (csrc/programmatic_launch.cu)."""
+    launches stay plain, which measured faster for batch-1 and -2 decode (csrc/cuda_launch.h).
+    Needs an SM90+ GPU running an image compiled for compute_90+ (not the Volta build's PTX), no
+    VLLM_VOLTA_DEVICE_CAPABILITY below 9.0, and VLLM_VOLTA_PDL not switched off; decided once
+    per device and process (csrc/programmatic_launch.cu)."""
     from vllm_volta import envs
     envs.VLLM_VOLTA_PDL  # a malformed switch raises here; the kernels' side reads only on/off
     index = device.index if isinstance(device, torch.device) else device

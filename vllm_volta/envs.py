@@ -171,8 +171,8 @@ ENV_VARS: dict[str, EnvVar] = {
             "VLLM_VOLTA_PDL",
             "Launch the decode kernels (gemv, paged attention) of 3+ rows as programmatic "
             "dependent launches on SM90+ GPUs (on by default): each starts loading its weights "
-            "while the kernel before it finishes. 0 launches them one after the other. Read once per process, "
-            "at the first such launch.",
+            "while the kernel before it finishes. 0 launches them one after the other. Read once "
+            "per process, at the first such launch.",
             _parse_switch("VLLM_VOLTA_PDL", True),
         ),
         EnvVar(

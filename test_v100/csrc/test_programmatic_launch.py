@@ -1,7 +1,8 @@
 """Programmatic dependent launch of the decode kernels (csrc/programmatic_launch.cu): when the
 extension says it is on, against the device, the build's archs and the switches (it then applies
-from 3 rows per launch); and a chain of dependent gemv ops, at one and four rows, replayed in a CUDA graph (where each kernel may start before the one it reads
-from ends) equal, bit for bit, to the same ops run one at a time."""
+from 3 rows per launch); and a chain of dependent gemv ops, at one and four rows, replayed in a
+CUDA graph (where each kernel may start before the one it reads from ends) equal, bit for bit, to
+the same ops run one at a time."""
 
 from __future__ import annotations
 
