@@ -117,6 +117,13 @@ inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t) {
   return layout;
 }
 
+// A contiguous 1-D tensor of `dtype` (`dtype_str` names it in the message).
+inline void check_vector_1d(const char* op, const char* arg, const Tensor& t, ScalarType dtype,
+                            const char* dtype_str) {
+  VLLM_VOLTA_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.is_contiguous(), op, ": '", arg,
+                  "' must be a contiguous 1-D ", dtype_str, " tensor");
+}
+
 inline void check_epsilon(const char* op, double epsilon) {
   VLLM_VOLTA_CHECK(epsilon >= 0.0, op, ": 'epsilon' must be >= 0, got ", epsilon);
 }

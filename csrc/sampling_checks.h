@@ -43,8 +43,7 @@ inline SampleArgs check_sample_args(const char* op, const Tensor& sampled, const
   VLLM_VOLTA_CHECK(vocab >= 1 && vocab < (int64_t{1} << 30), op, ": vocab_size must be in [1, 2^30), got ", vocab);
   VLLM_VOLTA_CHECK(vocab == 1 || logits.stride(1) == 1, op, ": 'logits' must be contiguous in its last dimension");
   check_row_vector(op, {"sampled", sampled, ScalarType::Long, "int64"}, rows, logits);
-  VLLM_VOLTA_CHECK(workspace.scalar_type() == ScalarType::Long && workspace.dim() == 1 && workspace.is_contiguous(),
-                  op, ": 'workspace' must be a contiguous 1-D int64 tensor");
+  check_vector_1d(op, "workspace", workspace, ScalarType::Long, "int64");
   VLLM_VOLTA_CHECK(workspace.size(0) >= 2 * rows, op, ": 'workspace' must have at least 2 entries per row of ",
                   "'logits' (", 2 * rows, "), got ", workspace.size(0));
   check_same_device(op, "workspace", workspace, logits, "logits");

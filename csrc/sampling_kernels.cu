@@ -9,8 +9,6 @@ namespace vllm_volta {
 
 namespace {
 
-// One launch: every vocabulary span folded into the row's winner in the (zeroed) workspace, whose
-// last block writes the token id and zeroes its workspace entries again.
 // The device address of a pinned host tensor (mapped: unified addressing), or null for none.
 int64_t* mapped_host_ids(const char* op, const std::optional<Tensor>& host) {
   if (!host.has_value()) return nullptr;
@@ -21,6 +19,8 @@ int64_t* mapped_host_ids(const char* op, const std::optional<Tensor>& host) {
   return static_cast<int64_t*>(device_ptr);
 }
 
+// One launch: every vocabulary span folded into the row's winner in the (zeroed) workspace, whose
+// last block writes the token id and zeroes its workspace entries again.
 template <bool NOISE>
 void launch_argmax(const char* op, Tensor sampled, Tensor logits, Tensor workspace, const SampleArgs& a,
                    const float* temperature, const int64_t* seeds, uint64_t seed_offset,

@@ -25,10 +25,6 @@ inline int64_t check_rows_2d(const char* op, const char* arg, const Tensor& t, S
                   " tensor");
   return row_layout(op, arg, t).row_stride;
 }
-inline void check_vector(const char* op, const char* arg, const Tensor& t, ScalarType dtype, const char* dtype_str) {
-  VLLM_VOLTA_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.is_contiguous(), op, ": '", arg,
-                  "' must be a contiguous 1-D ", dtype_str, " tensor");
-}
 }  // namespace detail
 
 // stage_decode_inputs: a decode step's B rows into the (larger) static buffers of its CUDA graph.
@@ -42,14 +38,13 @@ inline StageArgs check_stage_decode_inputs_args(const Tensor& token_table, const
                                                 const std::optional<Tensor>& input_ids) {
   const char* op = "stage_decode_inputs";
   using detail::check_rows_2d;
-  using detail::check_vector;
   StageArgs a{};
   a.dst_tokens = check_rows_2d(op, "token_table", token_table, ScalarType::Long, "int64");
   a.src_tokens = check_rows_2d(op, "src_token_table", src_token_table, ScalarType::Long, "int64");
   a.dst_blocks = check_rows_2d(op, "block_table", block_table, ScalarType::Int, "int32");
   a.src_blocks = check_rows_2d(op, "src_block_table", src_block_table, ScalarType::Int, "int32");
-  check_vector(op, "seq_lens", seq_lens, ScalarType::Int, "int32");
-  check_vector(op, "src_seq_lens", src_seq_lens, ScalarType::Int, "int32");
+  check_vector_1d(op, "seq_lens", seq_lens, ScalarType::Int, "int32");
+  check_vector_1d(op, "src_seq_lens", src_seq_lens, ScalarType::Int, "int32");
   a.rows = src_seq_lens.size(0);
   a.width = src_block_table.size(1);
   const int64_t n = seq_lens.size(0);
@@ -66,7 +61,7 @@ inline StageArgs check_stage_decode_inputs_args(const Tensor& token_table, const
   const char* names[] = {"seq_lens", "block_table", "src_token_table", "src_seq_lens", "src_block_table"};
   for (int i = 0; i < 5; ++i) check_same_device(op, names[i], *others[i], token_table, "token_table");
   if (input_ids.has_value()) {
-    check_vector(op, "input_ids", *input_ids, ScalarType::Long, "int64");
+    check_vector_1d(op, "input_ids", *input_ids, ScalarType::Long, "int64");
     VLLM_VOLTA_CHECK(input_ids->size(0) == a.rows, op, ": 'input_ids' must have one entry per row (", a.rows, ")");
     check_same_device(op, "input_ids", *input_ids, token_table, "token_table");
   }

@@ -112,9 +112,9 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.runner.device)
         used = before - torch.cuda.mem_get_info(self.runner.device)[0]
         pdl = ops.programmatic_launch(self.runner.device)
-        logger.info("Captured CUDA graphs (%s%s) for decode batch sizes %s (%.0f MiB)", how,
-                    ", decode kernels of 3+ rows as programmatic dependent launches" if pdl else "", self.sizes,
-                    used / 2**20)
+        pdl_note = ", decode kernels of 3+ rows as programmatic dependent launches" if pdl else ""
+        logger.info("Captured CUDA graphs (%s%s) for decode batch sizes %s (%.0f MiB)", how, pdl_note,
+                    self.sizes, used / 2**20)
 
     def can_run(self, inp: ModelInput) -> bool:
         md = inp.attn_metadata
