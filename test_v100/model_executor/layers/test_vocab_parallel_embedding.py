@@ -7,6 +7,24 @@ import torch.nn.functional as F
 from vllm_volta.model_executor.layers import vocab_parallel_embedding as vpe
 
 
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embedding_lookup_equals_f_embedding(device, dtype):
+    """Every lookup size, both sides of the indexed 2-16 id window, gives F.embedding's rows."""
+    table = torch.randn(1000, 64, device=device).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    for n in range(0, 20):
+        ids = torch.randint(0, 1000, (n,), generator=gen)
+        ids[: n // 2] = 7  # repeated ids too
+        ids = ids.to(device)
+        assert torch.equal(vpe.embedding_lookup(ids, table), F.embedding(ids, table))
+    ids2d = torch.randint(0, 1000, (3, 4), generator=gen).to(device)
+    assert torch.equal(vpe.embedding_lookup(ids2d, table), F.embedding(ids2d, table))
+
+
 def test_embedding_and_tied_head():
     table = torch.randn(11, 6)
     emb = vpe.VocabParallelEmbedding(11, 6)

@@ -12,6 +12,20 @@ from vllm_volta.model_executor.layers.parallel_state import (
     tensor_model_parallel_all_reduce)
 
 
+# ATen's index_select (what F.embedding runs) gathers 2 to 16 ids with a kernel that walks them
+# one after another: on an H200, 2.1 us for 2 rows up to 7.5 us for 16 (13 us in a Qwen2.5-1.5B
+# decode step of 16 rows), against 1.4 us for indexing at each of these sizes. From 17 ids on
+# the two take the same time; for one id index_select is faster (1.8 vs 2.8 us).
+_INDEXED_LOOKUP_IDS = range(2, 17)
+
+
+def embedding_lookup(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.embedding(ids, weight)`` for 1-D ``ids``, by indexing where that is faster."""
+    if ids.dim() == 1 and ids.shape[0] in _INDEXED_LOOKUP_IDS:
+        return weight[ids]
+    return F.embedding(ids, weight)
+
+
 class VocabParallelEmbedding(nn.Module):
     """Embedding table; rank r holds rows [r*n, (r+1)*n) with n = ceil(vocab / tp_size)
     (rows past the vocabulary are zero padding)."""
@@ -45,11 +59,11 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return embedding_lookup(input_ids, self.weight)
         # Each rank embeds the ids it owns (others -> 0), then the ranks sum.
         mine = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
         local_ids = torch.where(mine, input_ids - self.vocab_start_index, 0)
-        out = F.embedding(local_ids, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        out = embedding_lookup(local_ids, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
         return tensor_model_parallel_all_reduce(out)
 
     def extra_repr(self) -> str:
