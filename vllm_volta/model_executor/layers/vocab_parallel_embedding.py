@@ -20,7 +20,8 @@ _INDEXED_LOOKUP_IDS = range(2, 17)
 
 
 def embedding_lookup(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.embedding(ids, weight)`` for 1-D ``ids``, by indexing where that is faster."""
+    """``F.embedding(ids, weight)`` for ids within the table (the engine validates prompt ids),
+    by indexing where that is faster."""
     if ids.dim() == 1 and ids.shape[0] in _INDEXED_LOOKUP_IDS:
         return weight[ids]
     return F.embedding(ids, weight)
