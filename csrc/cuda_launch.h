@@ -117,7 +117,7 @@ bool programmatic_launch_enabled(int device);
 // programmatic dependent launch: where enabled, from 3 rows. At 1-2 rows a decode step only
 // streams weights; there plain launches, with gemv_add / gemv_rope_cache in one-wave grids
 // (gemv_kernels.cu), made Llama-3-8B decode 1-2% faster per token on an H200; at 4 and 32 rows
-// programmatic launches were ~0.3% faster (README_v100 section 5).
+// programmatic launches were ~0.3% faster (docs/PERFORMANCE_HISTORY.md).
 inline bool programmatic_launch_for(int device, int64_t rows) {
   return rows >= 3 && programmatic_launch_enabled(device);
 }
