@@ -242,7 +242,7 @@ def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per
     # Where launches are plain (not programmatic dependents: below SM90, Volta mode,
     # VLLM_VOLTA_PDL=0, 1-2 rows), gemv_add runs one wave of blocks that each take several row
     # groups; otherwise a block per group.
-    n = _groups_past_residency(device, rows_per_block or 4) + 1
+    n = _groups_past_residency(device, rows_per_block or 8) + 1  # automatic at K = 64: 8 rows
     x, w, b, residual, _, expected = _gemv_then_add(device, m, n, 64, rows_per_block, True, seed=6)
     torch.ops._C.gemv_add(residual, x, w, b, rows_per_block)
     assert torch.equal(residual, expected)
@@ -252,9 +252,10 @@ def test_add_with_groups_past_residency_equals_gemv_then_add(device, m, rows_per
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_rope_cache_with_groups_past_residency_equals_gemv_then_rotary_and_cache(device, m, norm):
-    # The same one-wave grids for gemv_rope_cache (a group: 2 rotation pairs, 4 rows).
+    # The same one-wave grids for gemv_rope_cache (automatic at K = 64, a group: 4 rotation
+    # pairs, 8 rows).
     d, kv_heads = 64, 2
-    heads = _groups_past_residency(device, 4) // d + 1
+    heads = _groups_past_residency(device, 8) // d + 1
     case = _rope_case(m, heads, kv_heads, d, bias=True, norm=norm, table_dtype=torch.float32, seed=11, k=64)
     _assert_rope_cache_equals_gemv_then_rotary(case, heads * d, kv_heads * d, d, True)
 
