@@ -1,11 +1,12 @@
 // Matrix-vector products for decode steps of 1 to 4 tokens (device code only), FP16 with
 // FP32 accumulation, SM70 and newer: out[m][row] = sum_k input[m][k] * weight[row][k].
-// The weight is streamed once, with 16-byte loads: a block of kGemvThreads threads takes a
-// group of R consecutive weight rows and splits K over all of its threads (thread t reads the
-// 16-byte vectors t, t + kGemvThreads, ...), so each thread keeps U x R independent loads in
-// flight; the input vectors are read once per step and reused for the R rows. Partial sums
-// meet through warp shuffles and one shared-memory pass. A grid smaller than the number of
-// groups (MULTI, below) gives a block the groups blockIdx.x, + gridDim.x, ...
+// The weight is streamed once, with 16-byte loads: a block of blockDim.x threads (a multiple
+// of 32, at most kGemvThreads) takes a group of R consecutive weight rows and splits K over all
+// of its threads (thread t of T reads the 16-byte vectors t, t + T, ...), so each thread keeps
+// U x R independent loads in flight; the input vectors are read once per step and reused for
+// the R rows. Partial sums meet through warp shuffles and one shared-memory pass. A grid
+// smaller than the number of groups (MULTI, below) gives a block the groups blockIdx.x,
+// + gridDim.x, ...
 // Epilogues, each equal to gemv followed by the op it replaces (same roundings):
 //  kSiluAndMul (an MLP's gate_up projection, weight [2N, K] = [gate; up]): a block owns R/2
 //    gate rows and the R/2 up rows that pair with them and writes out[m][j] =
@@ -120,35 +121,37 @@ __global__ void __launch_bounds__(kGemvThreads)
   };
   clear_sums();
 
-  // Weight vectors v0 + u * kGemvThreads of each row (zero past the end).
+  const int threads = blockDim.x;
+  // Weight vectors v0 + u * threads of each row (zero past the end).
   auto load_weights = [&](int v0, uint4 (&wv)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * kGemvThreads;
+      const int v = v0 + u * threads;
 #pragma unroll
       for (int r = 0; r < R; ++r) wv[u][r] = v < nvec ? w[r][v] : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  constexpr int kStep = kGemvThreads * U;
+  const int step = threads * U;
   uint4 wv[U][R];
   // The weights are constant: their first loads go out before waiting for the kernel that
   // writes the input (a programmatic dependent launch overlaps them with that kernel's tail).
   pdl_launch_dependents();
   load_weights(threadIdx.x, wv);
   pdl_wait();
-  constexpr int kWarps = kGemvThreads / 32;
+  constexpr int kMaxWarps = kGemvThreads / 32;
   constexpr int kSums = M * R + (NORM ? M : 0);  // dot products, then (NORM) the squares
-  __shared__ float partial[kWarps][kSums];
+  __shared__ float partial[kMaxWarps][kSums];
+  const int warps = threads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // MULTI: the block takes groups blockIdx.x, + gridDim.x, ...; the next group's first weight
   // loads go out before this group's sums and epilogue, so they stay in flight through them.
   const int groups = (n + kCols - 1) / kCols;  // a group: kCols output features
   for (int group = blockIdx.x;;) {
-    for (int v0 = threadIdx.x; v0 < nvec; v0 += kStep) {
+    for (int v0 = threadIdx.x; v0 < nvec; v0 += step) {
       float xv[U][M][8];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * kGemvThreads;
+        const int v = v0 + u * threads;
         const bool live = v < nvec;
         float g[8];
         if constexpr (NORM) half8_to_float8(live ? reinterpret_cast<const uint4*>(norm_weight)[v] : make_uint4(0u, 0u, 0u, 0u), g);
@@ -171,7 +174,7 @@ __global__ void __launch_bounds__(kGemvThreads)
         for (int m = 0; m < M; ++m)
 #pragma unroll
           for (int r = 0; r < R; ++r) acc[m][r] = dot8(wv[u][r], xv[u][m], acc[m][r]);
-      if (v0 + kStep < nvec) load_weights(v0 + kStep, wv);
+      if (v0 + step < nvec) load_weights(v0 + step, wv);
     }
     const int next = group + static_cast<int>(gridDim.x);
     if (MULTI && next < groups) {
@@ -194,7 +197,8 @@ __global__ void __launch_bounds__(kGemvThreads)
     __syncthreads();
     auto block_sum = [&](int i, float s) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += partial[w][i];
+      for (int w = 0; w < kMaxWarps; ++w)
+        if (w < warps) s += partial[w][i];
       return s;
     };
     // One thread per output (m, col): its row's (GATED: its gate and up rows') sums.

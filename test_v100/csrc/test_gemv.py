@@ -30,7 +30,7 @@ def _reference(x, w, b):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
-@pytest.mark.parametrize("n,k", [(1, 8), (37, 520), (4096, 4096), (1000, 14336), (6, 2056)])
+@pytest.mark.parametrize("n,k", [(1, 8), (37, 520), (300, 1536), (90, 3584), (4096, 4096), (1000, 14336), (6, 2056)])
 @pytest.mark.parametrize("rows_per_block", [0, 2, 8])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
@@ -228,11 +228,11 @@ def test_rope_cache_equals_gemv_then_rotary_and_cache(device, m, heads, kv_heads
 
 
 def _groups_past_residency(device, rows_per_group):
-    """Output rows for more row groups than twice the blocks the GPU can hold at once (at most 8
-    blocks of 256 threads per SM), plus a remainder: every block of a one-wave grid takes several
-    groups, and the shares differ by one."""
+    """Output rows for more row groups than twice the blocks the GPU can hold at once (at most 32
+    per SM on every GPU from SM70 on; at K = 64 a block is one warp), plus a remainder: every
+    block of a one-wave grid takes several groups, and the shares differ by one."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return rows_per_group * (2 * 8 * sms + 3)
+    return rows_per_group * (2 * 32 * sms + 3)
 
 
 @pytest.mark.parametrize("m", [1, 2, 4])
