@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from benchmarks.kernels.kernel_timing import time_per_call_graphed  # noqa: E402
 from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, require_cuda, run_and_emit  # noqa: E402
 from vllm_volta import _custom_ops as ops  # noqa: E402
-from vllm_volta.attention.backends.volta_paged import DEFAULT_LAUNCH_CONFIG  # noqa: E402
+from vllm_volta.attention.backends.volta_paged import default_launch_config  # noqa: E402
 
 TARGET_FRACTION = 0.75
 
@@ -94,18 +94,22 @@ def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[s
     return time_per_call_graphed(call, device, iters=args.iters)
 
 
-def launch_config(args: argparse.Namespace) -> tuple[dict[str, int], str]:
+def launch_config(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, int], str]:
+    """--partition-size / --num-threads (the other one from the default), else the tuned table's
+    entry for the nearest batch size, else the backend's default for this device."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    default = default_launch_config(args.batch_size, args.num_heads, args.num_kv_heads, sms)
     if args.partition_size is not None or args.num_threads is not None:
-        return {"partition_size": args.partition_size or DEFAULT_LAUNCH_CONFIG["partition_size"],
-                "num_threads": args.num_threads or DEFAULT_LAUNCH_CONFIG["num_threads"]}, "command line"
+        return {"partition_size": args.partition_size or default["partition_size"],
+                "num_threads": args.num_threads or default["num_threads"]}, "command line"
     from vllm_volta.kernel_configs import load_kernel_config_table
 
     table = load_kernel_config_table("paged_attention_decode", head_size=args.head_size,
                                      num_kv_heads=args.num_kv_heads, dtype=parse_dtype(args.dtype))
     if not table:
-        return dict(DEFAULT_LAUNCH_CONFIG), "default"
+        return default, "default (no tuned table for this device)"
     nearest = min(table, key=lambda b: (abs(b - args.batch_size), b))
-    return {k: int(table[nearest][k]) for k in DEFAULT_LAUNCH_CONFIG}, f"tuned (batch {nearest})"
+    return {k: int(table[nearest][k]) for k in default}, f"tuned (batch {nearest})"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -126,7 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = require_cuda("benchmark_paged_attention")
     copy_bw = measure_copy_bandwidth(device, args.copy_bytes)["bandwidth_bytes_per_s"]
-    launch, source = launch_config(args)
+    launch, source = launch_config(args, device)
     inputs = make_decode_inputs(args, args.batch_size, device)
     seconds = time_decode(inputs, args, launch, device)
     nbytes = bytes_per_call(args, args.batch_size)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
-from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend, _build_plan, choose_prefill_kernel, repeat_heads
+from vllm_volta.attention.backends.volta_paged import (VoltaPagedBackend, _build_plan, choose_prefill_kernel,
+                                                        default_launch_config, heads_per_block, repeat_heads)
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import build_attn_metadata
 from vllm_volta.platforms.interface import DeviceCapability
@@ -165,6 +166,49 @@ def test_plan_sequence_bounds_and_context_slots(case):
             expected = [tables[i][pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
                         for i in group for pos in range(seqs[i][0] + seqs[i][1])]
             assert part.context_slots.tolist() == expected
+
+
+@pytest.mark.parametrize("group,expected", [(1, 1), (4, 4), (6, 6), (8, 8), (12, 6), (16, 8), (24, 8), (28, 7),
+                                             (9, 3), (10, 5)])
+def test_heads_per_block_is_the_largest_even_split_of_a_group_into_at_most_8(group, expected):
+    assert heads_per_block(group) == expected
+
+
+@pytest.mark.parametrize("num_seqs,num_heads,num_kv_heads,num_sms,partition,threads", [
+    (1, 12, 2, 80, 128, 128),      # Qwen2.5-1.5B on a V100 at batch 1: 2 blocks
+    (16, 12, 2, 80, 128, 128),     # 32 blocks = 0.4 per SM
+    (32, 12, 2, 80, 256, 128),     # 64 = 0.8 per SM
+    (1, 32, 8, 80, 128, 128),      # Llama-3-8B: 8 blocks per sequence
+    (16, 32, 8, 80, 256, 128),     # 128 = 1.6 per SM
+    (20, 32, 8, 80, 1024, 192),    # 160 = 2 per SM
+    (16, 32, 8, 132, 256, 128),    # an H200: 0.97 per SM
+    (64, 32, 8, 132, 1024, 192),
+    (8, 16, 1, 40, 128, 128),      # MQA on a T4: 16 query heads per KV head -> 2 blocks of 8
+    (16, 16, 1, 40, 256, 128),     # 32 blocks = 0.8 per SM
+])
+def test_default_launch_splits_small_grids_over_the_sms(num_seqs, num_heads, num_kv_heads, num_sms, partition,
+                                                         threads):
+    # Without a tuned table: short partitions while a partition's blocks are under 0.75 per SM,
+    # 256 tokens below 2 per SM, then 1024 (the H200 sweep in default_launch_config's docstring).
+    assert default_launch_config(num_seqs, num_heads, num_kv_heads, num_sms) == {
+        "partition_size": partition, "num_threads": threads}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_launch_without_a_tuned_table_is_the_default_for_this_gpu(monkeypatch, tmp_path):
+    # 24 / 4 heads of 64 have no shipped table (and the user folder is empty): the launch is the
+    # default rule's for this GPU's SM count, per batch size.
+    monkeypatch.setenv("VLLM_VOLTA_KERNEL_CONFIG_DIR", str(tmp_path))
+    from vllm_volta.kernel_configs import clear_kernel_config_cache
+
+    clear_kernel_config_cache()
+    ours, _ = _layers(24, 4, 64)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for num_seqs in (1, 40, 400):
+        assert ours.impl._launch_config(num_seqs, torch.float16, torch.device("cuda")) == \
+            default_launch_config(num_seqs, 24, 4, sms)
+    clear_kernel_config_cache()
 
 
 @pytest.mark.gpu
