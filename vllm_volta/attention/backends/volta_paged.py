@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_HEAD_SIZES = (64, 96, 128, 256)
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
-LAUNCH_KEYS = ("partition_size", "num_threads")
+_LAUNCH_KEYS = ("partition_size", "num_threads")
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
 
 logger = init_logger(__name__)
@@ -52,14 +52,16 @@ def heads_per_block(group: int) -> int:
 def default_launch_config(num_seqs: int, num_heads: int, num_kv_heads: int, num_sms: int) -> dict[str, int]:
     """The decode launch on a device without a tuned table (every GPU but the H200 as shipped),
     by how many blocks one partition of the grid puts on each SM (a block: the heads of one KV head,
-    up to 8, of one sequence). While that is under one, short partitions split the context over
-    the SMs; from two, long ones (fewer partials to combine). Fitted to an H200 sweep of every
-    partition of 64-1024 tokens with 128 / 192 threads, both modes, 12 / 2 and 32 / 8 heads of 128,
-    batch 1-256, contexts of 640 and 4096 tokens: 3% slower than each shape's best launch on
-    average, 19% at worst, where the fixed 512 / 128 it replaces was 1.5-2.1x slower than the best
-    at 0.02-0.5 blocks per SM (e.g. batch 1: 15.5 against 8.2 us at 640 tokens). End to end on the
-    H200 without its tables, ms per token, fixed -> this rule (tuned): Qwen2.5-1.5B batch 1 1.484 ->
-    1.333 (1.312), batch 16 2.006 -> 1.859 (1.846); Llama-3-8B batch 1 4.271 -> 4.106 (4.105)."""
+    up to 8, of one sequence): under 0.75, partitions of 128 tokens split the context over the
+    SMs; under 2, 256; from 2 on, 1024 with 192 threads (fewer partials to combine).
+
+    Fitted to an H200 sweep of every partition of 64-1024 tokens with 128 / 192 threads, both
+    modes, 12 / 2 and 32 / 8 heads of 128, batch 1-256, contexts of 640 and 4096 tokens: 3% slower
+    than each shape's best launch on average, 19% at worst, where the fixed 512 / 128 it replaces
+    was 1.5-2.1x slower than the best at 0.02-0.5 blocks per SM (e.g. batch 1: 15.5 against 8.2 us
+    at 640 tokens). End to end on the H200 without its tables, ms per token, fixed -> this rule
+    (tuned): Qwen2.5-1.5B batch 1 1.484 -> 1.333 (1.312), batch 16 2.006 -> 1.859 (1.846);
+    Llama-3-8B batch 1 4.271 -> 4.106 (4.105)."""
     blocks = num_seqs * num_heads // heads_per_block(num_heads // num_kv_heads)
     per_sm = blocks / max(num_sms, 1)
     if per_sm < 0.75:
@@ -283,7 +285,7 @@ class VoltaPagedImpl(AttentionImplBase):
             default = default_launch_config(num_seqs, self.num_heads, self.num_kv_heads, sms)
             cfg = get_kernel_config("paged_attention_decode", num_seqs, default=default,
                                     head_size=self.head_size, num_kv_heads=self.num_kv_heads, dtype=dtype)
-            cfg = self._launch_configs[key] = {k: int(cfg[k]) for k in LAUNCH_KEYS}
+            cfg = self._launch_configs[key] = {k: int(cfg[k]) for k in _LAUNCH_KEYS}
         return cfg
 
     def _decode(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
