@@ -190,7 +190,8 @@ def _cached_lookup(
         searched = ", ".join(str(d) for d in _search_dirs(user_dir))
         warning_once(
             logger,
-            "No tuned kernel config %s (searched %s); using the default config for %s",
+            "No tuned kernel config %s (searched %s); using the default config for %s "
+            "(a tuner in benchmarks/kernels/ writes one: README_v100.md section 4)",
             file_name, searched, op,
         )
         return None
