@@ -5,7 +5,6 @@
 #include "kernels/gemv.cuh"
 #include "ops.h"
 
-#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <utility>
@@ -41,7 +40,8 @@ int64_t auto_rows_per_block(int64_t k) { return k / 8 <= kGemvThreads ? 8 : 4; }
 // 3.63 -> 3.52 us, decode at batch 2 1.466 -> 1.396 ms per token; 1 row and K = 3584 unchanged.
 int gemv_threads(int64_t k, int u) {
   const int64_t per_thread = ceil_div(k / 8, u);
-  return per_thread <= kGemvThreads ? std::max(32, round_up(static_cast<int>(per_thread), 32)) : kGemvThreads;
+  // K >= 8 (checked): at least one vector, so at least one warp.
+  return per_thread <= kGemvThreads ? round_up(static_cast<int>(per_thread), 32) : kGemvThreads;
 }
 
 // The grid of a kAdd or kRopeCache launch, whose groups end in a global read (the residual;
