@@ -39,3 +39,35 @@ def test_per_head_shape_and_validation():
     torch.testing.assert_close(norm(x), ref)
     with pytest.raises(ValueError, match="eps"):
         RMSNorm(8, eps=0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_layer_matches_the_ops_bitwise(device, dtype):
+    """The layer may skip the op (where its kernel is the adapter's, the layer calls the ATen norm
+    the adapter wraps); either way its results equal the registered kernels' bit for bit."""
+    from vllm_volta import _custom_ops as ops
+    torch.manual_seed(1)
+    norm = RMSNorm(64, eps=1e-5).to(device, dtype)
+    norm.weight.data.normal_(1.0, 0.3)
+    x, res = (torch.randn(5, 64, device=device, dtype=dtype) * 3 for _ in range(2))
+
+    want = torch.empty_like(x)
+    ops.rms_norm(want, x, norm.weight, 1e-5)
+    assert torch.equal(norm(x), want)
+
+    want_x, want_res = x.clone(), res.clone()
+    ops.fused_add_rms_norm(want_x, want_res, norm.weight, 1e-5)
+    got_res = res.clone()
+    normed, new_res = norm(x.clone(), got_res)
+    assert new_res is got_res  # the sum lands in the caller's residual buffer
+    assert torch.equal(new_res, want_res) and torch.equal(normed, want_x)
+
+    empty = torch.empty(0, 64, device=device, dtype=dtype)
+    assert norm(empty).shape == (0, 64)
+
+
+def test_mismatched_weight_dtype_is_the_ops_error():
+    norm = RMSNorm(8)  # fp32 weight
+    with pytest.raises(RuntimeError, match="weight"):
+        norm(torch.randn(2, 8, dtype=torch.float16))
