@@ -94,12 +94,12 @@ def _served_model(base_url: str, name: str | None) -> str:
     return models["data"][0]["id"]
 
 
-async def _run_requests(url: str, payloads: list[dict[str, Any]],
+async def _run_requests(url: str, payloads: list[dict[str, Any]], probe_payload: dict[str, Any],
                         args: argparse.Namespace) -> tuple[list[RequestResult], float]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         # One request first: checks the endpoint and warms the server; not measured.
-        probe = await send_completion(client, url, {**payloads[0], "max_tokens": 4})
+        probe = await send_completion(client, url, probe_payload)
         if not probe.success:
             raise RuntimeError(f"initial test request to {url} failed: {probe.error}")
         sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
@@ -121,8 +121,8 @@ async def _run_requests(url: str, payloads: list[dict[str, Any]],
 
 def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     model_name = _served_model(base_url, args.served_model_name)
-    prompts = random_token_prompts(args.num_prompts, args.input_len, _vocab_size(args),
-                                   args.seed)
+    vocab_size = _vocab_size(args)
+    prompts = random_token_prompts(args.num_prompts, args.input_len, vocab_size, args.seed)
     payloads = [{"model": model_name, "prompt": p, "max_tokens": args.output_len,
                  "temperature": args.temperature, "stream": True,
                  "stream_options": {"include_usage": True}} for p in prompts]
@@ -131,7 +131,10 @@ def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
             payload["ignore_eos"] = True
     log(f"{args.num_prompts} requests at rate {args.request_rate}, max concurrency "
         f"{args.max_concurrency}, to {base_url}{args.endpoint}")
-    results, duration = asyncio.run(_run_requests(base_url + args.endpoint, payloads, args))
+    # The probe's prompt is none of the timed ones: the server's prefix cache would keep it.
+    probe = {**payloads[0], "max_tokens": 4,
+             "prompt": random_token_prompts(1, args.input_len, vocab_size, args.seed + 1)[0]}
+    results, duration = asyncio.run(_run_requests(base_url + args.endpoint, payloads, probe, args))
     metrics = serving_metrics(results, duration, args.metric_percentiles)
     if metrics["completed"] == 0:
         raise RuntimeError(f"every request failed; first error: {results[0].error}")

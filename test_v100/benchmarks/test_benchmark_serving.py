@@ -42,3 +42,23 @@ def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
         assert result[f"p99_{metric}_ms"] >= result[f"p50_{metric}_ms"]
     assert result["mean_ttft_ms"] <= result["mean_e2el_ms"]
     assert result["max_concurrency"] == 3 and result["served_model_name"]
+
+
+def test_probe_request_shares_no_prompt_with_the_timed_requests(monkeypatch):
+    """The untimed first request must not leave a timed prompt in the server's prefix cache."""
+    sent = []
+
+    async def fake_send(client, url, payload):
+        sent.append(payload)
+        return benchmark_serving.RequestResult(prompt_len=len(payload["prompt"]), success=True,
+                                               ttft=0.01, latency=0.02, itl=[0.01],
+                                               output_tokens=payload["max_tokens"])
+
+    monkeypatch.setattr(benchmark_serving, "send_completion", fake_send)
+    monkeypatch.setattr(benchmark_serving, "_served_model", lambda url, name: "m")
+    args = benchmark_serving.parse_args(["--config", "tiny-llama", "--base-url", "http://x",
+                                         "--num-prompts", "4", "--input-len", "9", "--output-len", "3"])
+    benchmark_serving.benchmark("http://x", args)
+    probe, timed = sent[0], sent[1:]
+    assert probe["max_tokens"] == 4 and len(probe["prompt"]) == 9 and len(timed) == 4
+    assert tuple(probe["prompt"]) not in {tuple(p["prompt"]) for p in timed}

@@ -131,3 +131,21 @@ def test_step_stats_percentiles_and_gc_pauses_from_records():
                             "ms_max": pytest.approx(30)}
     assert decode["host_ms_mean"]["schedule"] == pytest.approx(1)
     assert stats["prefill_steps"]["gc"]["steps_with_collections"] == 0
+
+
+def test_warm_up_shares_no_prompt_with_the_timed_run(monkeypatch):
+    """The engine's prefix cache must not start the timed run holding some of its prompts."""
+    calls = []
+
+    class Recorder:
+        name, device, dtype = "hf", None, torch.float32
+
+        def generate(self, prompts, output_len, **kwargs):
+            calls.append([tuple(p) for p in prompts])
+            return [output_len] * len(prompts)
+
+    monkeypatch.setattr(benchmark_throughput, "iter_runners", lambda *args: iter([Recorder()]))
+    benchmark_throughput.main([*TINY, "--backend", "hf"])
+    warmup, timed = calls
+    assert len(warmup) == 2 and all(len(p) == 12 for p in warmup)
+    assert not set(warmup) & set(timed)
