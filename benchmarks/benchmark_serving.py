@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,8 +25,8 @@ import httpx  # noqa: E402
 
 from benchmarks.cli_args import (add_model_args, check_positive, engine_kwargs,  # noqa: E402
                                  finalize_model_args)
-from benchmarks.serving_client import (RequestResult, request_arrivals,  # noqa: E402
-                                       send_completion, serving_metrics)
+from benchmarks.serving_client import (RequestResult, run_in_processes, run_shard,  # noqa: E402
+                                       send_completion, serving_metrics, split_shards)
 from benchmarks.server_launcher import launched_server, server_flags  # noqa: E402
 from benchmarks.utils import device_info, log, random_token_prompts, run_and_emit  # noqa: E402
 
@@ -51,6 +51,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burstiness", type=float, default=1.0,
                         help="gamma shape of the arrival intervals (1 = Poisson)")
     parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--client-processes", type=int, default=None,
+                        help="processes sending the requests (default: one per 64 requests "
+                             "in flight, at most half the CPUs)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="generate exactly --output-len tokens per request")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -63,7 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-json", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     check_positive(args, "num_prompts", "input_len", "output_len", "max_concurrency",
-                   "vocab_size")
+                   "vocab_size", "client_processes")
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
     if not args.burstiness > 0:
@@ -94,29 +97,32 @@ def _served_model(base_url: str, name: str | None) -> str:
     return models["data"][0]["id"]
 
 
-async def _run_requests(url: str, payloads: list[dict[str, Any]], probe_payload: dict[str, Any],
-                        args: argparse.Namespace) -> tuple[list[RequestResult], float]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
-        # One request first: checks the endpoint and warms the server; not measured.
-        probe = await send_completion(client, url, probe_payload)
-        if not probe.success:
-            raise RuntimeError(f"initial test request to {url} failed: {probe.error}")
-        sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+def client_processes(args: argparse.Namespace) -> int:
+    """--client-processes, else one process per 64 requests that can be in flight at once (one
+    Python thread parses ~10-20k stream chunks a second), at most half the CPUs."""
+    if args.client_processes is not None:
+        return args.client_processes
+    in_flight = min(args.max_concurrency or args.num_prompts, args.num_prompts)
+    return max(1, min(-(-in_flight // 64), (os.cpu_count() or 2) // 2))
 
-        async def one(payload: dict[str, Any]) -> RequestResult:
-            if sem is None:
-                return await send_completion(client, url, payload)
-            async with sem:
-                return await send_completion(client, url, payload)
 
-        tasks = []
-        start = time.perf_counter()
-        async for i in request_arrivals(len(payloads), args.request_rate, args.burstiness,
-                                        args.seed):
-            tasks.append(asyncio.create_task(one(payloads[i])))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+async def _probe(url: str, payload: dict[str, Any]) -> None:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client:
+        probe = await send_completion(client, url, payload)
+    if not probe.success:
+        raise RuntimeError(f"initial test request to {url} failed: {probe.error}")
+
+
+def _run_requests(url: str, payloads: list[dict[str, Any]], probe_payload: dict[str, Any],
+                  args: argparse.Namespace, processes: int) -> tuple[list[RequestResult], float]:
+    shards = split_shards(url, payloads, processes, args.request_rate, args.burstiness,
+                          args.seed, args.max_concurrency)
+    # One request first: checks the endpoint and warms the server; not measured.
+    asyncio.run(_probe(url, probe_payload))
+    if processes == 1:
+        results, start, end = asyncio.run(run_shard(shards[0]))
+        return results, end - start
+    return run_in_processes(shards)
 
 
 def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -129,12 +135,14 @@ def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.ignore_eos:  # vLLM's extension of the completions request
         for payload in payloads:
             payload["ignore_eos"] = True
+    processes = client_processes(args)
     log(f"{args.num_prompts} requests at rate {args.request_rate}, max concurrency "
-        f"{args.max_concurrency}, to {base_url}{args.endpoint}")
+        f"{args.max_concurrency}, to {base_url}{args.endpoint}, from {processes} client "
+        f"process{'es' if processes > 1 else ''}")
     # The probe's prompt is none of the timed ones: the server's prefix cache would keep it.
     probe = {**payloads[0], "max_tokens": 4,
              "prompt": random_token_prompts(1, args.input_len, vocab_size, args.seed + 1)[0]}
-    results, duration = asyncio.run(_run_requests(base_url + args.endpoint, payloads, probe, args))
+    results, duration = _run_requests(base_url + args.endpoint, payloads, probe, args, processes)
     metrics = serving_metrics(results, duration, args.metric_percentiles)
     if metrics["completed"] == 0:
         raise RuntimeError(f"every request failed; first error: {results[0].error}")
@@ -145,6 +153,7 @@ def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
             "num_prompts": args.num_prompts, "input_len": args.input_len,
             "output_len": args.output_len, "request_rate": args.request_rate,
             "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+            "client_processes": processes,
             **metrics, "errors": errors[:5]}
 
 

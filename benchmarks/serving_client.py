@@ -107,6 +107,119 @@ async def request_arrivals(num_requests: int, request_rate: float, burstiness: f
         await sleep(rng.gamma(burstiness, 1.0 / (request_rate * burstiness)))
 
 
+@dataclass
+class Shard:
+    """The requests one client process sends: its share of the payloads (their indices in the
+    whole run), of the arrival rate and of the concurrency cap."""
+
+    url: str
+    indices: list[int]
+    payloads: list[dict[str, Any]]
+    request_rate: float
+    burstiness: float
+    seed: int
+    max_concurrency: int | None
+
+
+def split_shards(url: str, payloads: Sequence[dict[str, Any]], processes: int,
+                 request_rate: float, burstiness: float, seed: int,
+                 max_concurrency: int | None) -> list[Shard]:
+    """Deal the payloads round-robin to `processes` shards. Each shard gets 1/processes of the
+    arrival rate (N Poisson streams of rate r/N merge into one of rate r) and of the
+    concurrency cap, and its own arrival seed."""
+    if processes < 1 or processes > len(payloads):
+        raise ValueError(f"--client-processes must be in [1, {len(payloads)}] (one request "
+                         f"each at least), got {processes}")
+    if max_concurrency is not None and processes > max_concurrency:
+        raise ValueError(f"--client-processes ({processes}) must not exceed --max-concurrency "
+                         f"({max_concurrency}): each process keeps one request in flight at least")
+    shards = []
+    for w in range(processes):
+        cap = None
+        if max_concurrency is not None:
+            cap = max_concurrency // processes + (1 if w < max_concurrency % processes else 0)
+        indices = list(range(w, len(payloads), processes))
+        shards.append(Shard(url, indices, [payloads[i] for i in indices],
+                            request_rate / processes, burstiness, seed + w, cap))
+    return shards
+
+
+async def run_shard(shard: Shard, client: httpx.AsyncClient | None = None
+                    ) -> tuple[list[RequestResult], float, float]:
+    """Send a shard's requests at its arrival times, at most its concurrency cap in flight.
+    Returns the results (in the shard's order) and perf_counter() at its start and end."""
+    if client is None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as own:
+            return await run_shard(shard, own)
+    sem = asyncio.Semaphore(shard.max_concurrency) if shard.max_concurrency else None
+
+    async def one(payload: dict[str, Any]) -> RequestResult:
+        if sem is None:
+            return await send_completion(client, shard.url, payload)
+        async with sem:
+            return await send_completion(client, shard.url, payload)
+
+    tasks = []
+    start = time.perf_counter()
+    async for i in request_arrivals(len(shard.payloads), shard.request_rate, shard.burstiness,
+                                    shard.seed):
+        tasks.append(asyncio.create_task(one(shard.payloads[i])))
+    results = await asyncio.gather(*tasks)
+    return list(results), start, time.perf_counter()
+
+
+def _shard_process(shard: Shard, start_barrier: Any, results: Any) -> None:
+    start_barrier.wait()
+    try:
+        results.put((shard.indices, *asyncio.run(run_shard(shard))))
+    except BaseException as exc:  # the parent reports it
+        results.put((shard.indices, f"{type(exc).__name__}: {exc}", 0.0, 0.0))
+
+
+def run_in_processes(shards: Sequence[Shard], timeout: float | None = None
+                     ) -> tuple[list[RequestResult], float]:
+    """Run each shard in a process of its own (spawned; all start together), so that parsing
+    the streams of many concurrent requests is not one Python thread's work. Returns every
+    result in payload order and the wall time from the first start to the last end (one
+    system-wide monotonic clock)."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(len(shards) + 1), ctx.Queue()
+    procs = [ctx.Process(target=_shard_process, args=(s, barrier, results), daemon=True)
+             for s in shards]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=120)
+        merged: dict[int, RequestResult] = {}
+        starts, ends = [], []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in shards:
+            while True:
+                try:
+                    indices, got, start, end = results.get(timeout=1.0)
+                    break
+                except queue_mod.Empty:
+                    if any(p.exitcode not in (None, 0) for p in procs):
+                        raise RuntimeError("a client process died") from None
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError("client processes did not finish in time") from None
+            if isinstance(got, str):
+                raise RuntimeError(f"a client process failed: {got}")
+            merged.update(zip(indices, got))
+            starts.append(start)
+            ends.append(end)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [merged[i] for i in sorted(merged)], max(ends) - min(starts)
+
+
 def serving_metrics(results: Sequence[RequestResult], duration: float,
                     percentiles: Sequence[float]) -> dict[str, Any]:
     """vLLM's serving fields: throughputs plus mean/median/std/pN of ttft, tpot, itl, e2el (ms)."""

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from benchmarks import benchmark_serving
+from benchmarks import benchmark_serving, serving_client
 from benchmarks.utils import CONFIGS_DIR
 
 
@@ -55,6 +55,7 @@ def test_probe_request_shares_no_prompt_with_the_timed_requests(monkeypatch):
                                                output_tokens=payload["max_tokens"])
 
     monkeypatch.setattr(benchmark_serving, "send_completion", fake_send)
+    monkeypatch.setattr(serving_client, "send_completion", fake_send)
     monkeypatch.setattr(benchmark_serving, "_served_model", lambda url, name: "m")
     args = benchmark_serving.parse_args(["--config", "tiny-llama", "--base-url", "http://x",
                                          "--num-prompts", "4", "--input-len", "9", "--output-len", "3"])

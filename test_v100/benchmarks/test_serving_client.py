@@ -179,3 +179,49 @@ def test_rejects_bad_arguments(argv, field):
         benchmark_serving.parse_args(["--base-url", "http://x", "--vocab-size", "10", *argv])
     with pytest.raises(ValueError, match="--vocab-size"):
         benchmark_serving.parse_args(["--base-url", "http://x"])
+
+
+def test_shards_split_requests_rate_and_concurrency():
+    payloads = [{"prompt": [i]} for i in range(7)]
+    shards = serving_client.split_shards("u", payloads, 3, 30.0, 2.0, 5, 4)
+    assert [s.indices for s in shards] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert [p["prompt"][0] for s in shards for p in s.payloads] == [0, 3, 6, 1, 4, 2, 5]
+    assert [s.request_rate for s in shards] == [10.0] * 3
+    assert [s.max_concurrency for s in shards] == [2, 1, 1]
+    assert [s.seed for s in shards] == [5, 6, 7] and {s.burstiness for s in shards} == {2.0}
+    inf = serving_client.split_shards("u", payloads, 2, float("inf"), 1.0, 0, None)
+    assert [s.max_concurrency for s in inf] == [None, None] and inf[0].request_rate == float("inf")
+    with pytest.raises(ValueError, match="--client-processes"):
+        serving_client.split_shards("u", payloads, 8, 1.0, 1.0, 0, None)
+    with pytest.raises(ValueError, match="--max-concurrency"):
+        serving_client.split_shards("u", payloads, 3, 1.0, 1.0, 0, 2)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--num-prompts", "300"], 5),  # all at once: one process per 64 in flight
+    (["--num-prompts", "1000"], 8),  # at most half of the 16 CPUs
+    (["--num-prompts", "30"], 1),
+    (["--num-prompts", "300", "--max-concurrency", "256"], 4),
+    (["--num-prompts", "300", "--max-concurrency", "65"], 2),
+    (["--num-prompts", "300", "--client-processes", "3"], 3)])
+def test_client_processes_follow_the_requests_in_flight(monkeypatch, argv, expected):
+    monkeypatch.setattr(benchmark_serving.os, "cpu_count", lambda: 16)
+    args = benchmark_serving.parse_args(["--base-url", "http://x", "--vocab-size", "10", *argv])
+    assert benchmark_serving.client_processes(args) == expected
+
+
+def test_client_processes_share_the_requests(stub):
+    base_url, received = stub
+    received.clear()
+    result = _run(base_url, "--num-prompts", "6", "--output-len", "3", "--max-concurrency", "2",
+                  "--client-processes", "2")
+    assert result["client_processes"] == 2
+    assert result["completed"] == 6 and result["failed"] == 0
+    assert result["total_output_tokens"] == 18 and result["total_input_tokens"] == 6 * 9
+    # The probe plus each timed prompt exactly once.
+    timed = [tuple(body["prompt"]) for body in received[1:]]
+    assert len(timed) == 6 and len(set(timed)) == 6
+    # One request in flight per process: three after another in each.
+    one_request = FIRST_DELAY + 2 * TOKEN_DELAY
+    assert result["duration"] >= 3 * one_request
+    assert result["mean_ttft_ms"] >= FIRST_DELAY * 1e3

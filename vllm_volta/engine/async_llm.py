@@ -42,7 +42,9 @@ class RequestError(ValueError):
 
 
 class RequestStream:
-    """Async iterator over one request's cumulative RequestOutputs.
+    """Async iterator over one request's cumulative RequestOutputs: the newest one whenever
+    the consumer takes one, so a consumer slower than the engine's steps skips outputs that
+    a newer one contains, and the final output is always seen.
 
     ``close()`` before the final output aborts the request in the engine.
     """
@@ -65,6 +67,9 @@ class RequestStream:
         if self._done:
             raise StopAsyncIteration
         item = await self._queue.get()
+        # An exception or a finished output ends the stream, so it is never skipped.
+        while not (isinstance(item, BaseException) or item.finished) and not self._queue.empty():
+            item = self._queue.get_nowait()
         if isinstance(item, BaseException):
             self._done = True
             raise item

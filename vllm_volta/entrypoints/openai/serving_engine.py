@@ -140,6 +140,13 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
 
     Leaving early (error, cancellation, close) aborts every unfinished request.
     """
+    if len(streams) == 1:  # the common case: no relay task and queue per output
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            streams[0].close()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
