@@ -174,3 +174,16 @@ def test_non_streaming_disconnect_aborts(server):
     after = _wait_idle(server)
     assert metric(after, "vllm:num_kv_cache_blocks_free") == total
     assert metric(after, "vllm:generation_tokens_total") - gen_before < n * max_tokens
+
+
+def test_http_stack_uses_uvloop_and_httptools_where_installed(server, monkeypatch):
+    from vllm_volta.entrypoints.openai import api_server
+
+    # The package depends on both, so the server runs on them and says so.
+    assert api_server.http_stack() == ("uvloop", "httptools")
+    assert "uvicorn with the uvloop event loop and the httptools HTTP parser" in server.log(100_000)
+    found = {"uvloop": None, "httptools": object()}
+    monkeypatch.setattr(api_server.importlib.util, "find_spec", lambda name: found[name])
+    assert api_server.http_stack() == ("asyncio", "httptools")
+    found["httptools"] = None
+    assert api_server.http_stack() == ("asyncio", "h11")

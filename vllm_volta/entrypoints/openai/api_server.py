@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -138,6 +139,16 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     return app
 
 
+def http_stack() -> tuple[str, str]:
+    """uvicorn's (event loop, HTTP parser): uvloop and httptools where installed (the
+    package's dependencies), else asyncio and h11. Streaming sends one chunk per token and
+    request; on a CPU, uvloop + httptools took the event loop's time per streamed token from
+    41.4 to 34.6 us (docs/PERFORMANCE_HISTORY.md)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+    return loop, http
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Load the model, start the engine loop and serve until interrupted."""
     import uvicorn
@@ -146,11 +157,13 @@ def run_server(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(build_engine_args(args))
     app = build_app(engine, args)
     host = args.host or "0.0.0.0"
-    logger.info("Serving %s on http://%s:%d (OpenAI API under /v1)",
-                served_names(args, engine)[0], host, args.port)
+    loop, http = http_stack()
+    logger.info("Serving %s on http://%s:%d (OpenAI API under /v1; uvicorn with the %s event "
+                "loop and the %s HTTP parser)", served_names(args, engine)[0], host, args.port,
+                loop, http)
     try:
         uvicorn.run(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
-                    timeout_keep_alive=5, timeout_graceful_shutdown=5)
+                    timeout_keep_alive=5, timeout_graceful_shutdown=5, loop=loop, http=http)
     finally:
         engine.shutdown()
 

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from vllm_volta.entrypoints.openai.serving_engine import (
-    LOGPROB_FLOOR, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id,
-    sse, stream_error, usage_dict)
+    LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
+    random_id, sse, stream_error, usage_dict)
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
@@ -101,7 +101,8 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, streams: list,
                       prompt_ids: list[int]) -> AsyncIterator[str]:
-        created = now_s()
+        encode = ChunkEncoder({"id": request_id, "object": "chat.completion.chunk",
+                               "created": now_s(), "model": self.model_name})
 
         def chunk(index: int, delta: dict, logprobs: Any = None,
                   finish_reason: str | None = None, stop_reason: Any = None) -> str:
@@ -109,8 +110,7 @@ class OpenAIServingChat(OpenAIServing):
                       "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
-            return sse({"id": request_id, "object": "chat.completion.chunk",
-                        "created": created, "model": self.model_name, "choices": [choice]})
+            return encode(choices=[choice])
 
         # Role first, for every choice, before any token arrives.
         for index in range(request.n):
@@ -138,9 +138,7 @@ class OpenAIServingChat(OpenAIServing):
                         finished[i] = True
                         yield chunk(i, {}, None, comp.finish_reason, comp.stop_reason)
             if request.include_usage_in_stream:
-                yield sse({"id": request_id, "object": "chat.completion.chunk",
-                           "created": created, "model": self.model_name, "choices": [],
-                           "usage": usage_dict(len(prompt_ids), sum(sent_tokens))})
+                yield encode(choices=[], usage=usage_dict(len(prompt_ids), sum(sent_tokens)))
         except (OpenAIError, RuntimeError, ValueError) as exc:
             yield stream_error(exc)
         yield sse("[DONE]")

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import CompletionRequest
 from vllm_volta.entrypoints.openai.serving_engine import (
-    OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id, sse,
-    stream_error, usage_dict)
+    ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id,
+    sse, stream_error, usage_dict)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -117,7 +117,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _stream(self, request: CompletionRequest, request_id: str, streams: list,
                       prompt_ids: list[list[int]], prompt_texts: list[str]) -> AsyncIterator[str]:
-        created = now_s()
+        encode = ChunkEncoder({"id": request_id, "object": "text_completion", "created": now_s(),
+                               "model": self.model_name})
         sent_tokens: dict[int, int] = {}
         sent_chars: dict[int, int] = {}
         finished: set[int] = set()
@@ -146,16 +147,12 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs = self._merge_logprobs(logprobs, gen)
                     num_generated += len(delta_ids)
                     sent_tokens[idx], sent_chars[idx] = len(comp.token_ids), len(comp.text)
-                    yield sse({"id": request_id, "object": "text_completion",
-                               "created": created, "model": self.model_name,
-                               "choices": [{"index": idx, "text": text, "logprobs": logprobs,
-                                            "finish_reason": comp.finish_reason,
-                                            "stop_reason": comp.stop_reason}]})
+                    yield encode(choices=[{"index": idx, "text": text, "logprobs": logprobs,
+                                           "finish_reason": comp.finish_reason,
+                                           "stop_reason": comp.stop_reason}])
             if request.include_usage_in_stream:
                 num_prompt = sum(len(ids) for ids in prompt_ids)
-                yield sse({"id": request_id, "object": "text_completion", "created": created,
-                           "model": self.model_name, "choices": [],
-                           "usage": usage_dict(num_prompt, num_generated)})
+                yield encode(choices=[], usage=usage_dict(num_prompt, num_generated))
         except (OpenAIError, RuntimeError, ValueError) as exc:
             yield stream_error(exc)
         yield sse("[DONE]")

@@ -224,6 +224,20 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
+class ChunkEncoder:
+    """Server-sent events of one stream's chunks. The fields every chunk repeats (id, object,
+    created, model) are serialized once; each call adds the fields that change. The JSON is
+    what ``sse`` gives for the whole dict, with the repeated fields first."""
+
+    def __init__(self, head: dict[str, Any]) -> None:
+        if not head:
+            raise ValueError("ChunkEncoder needs the chunks' repeated fields")
+        self._prefix = "data: " + json.dumps(head, ensure_ascii=False)[:-1] + ", "
+
+    def __call__(self, **fields: Any) -> str:
+        return self._prefix + json.dumps(fields, ensure_ascii=False)[1:] + "\n\n"
+
+
 def stream_error(exc: Exception) -> str:
     """An error met after the stream started: sent as an event (headers are gone)."""
     if isinstance(exc, OpenAIError):
