@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import hmac
+import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
