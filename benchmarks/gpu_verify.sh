@@ -3,14 +3,14 @@
 # and Volta (extension built with TORCH_CUDA_ARCH_LIST="7.5+PTX" -> V100 adapter on, run with
 # VLLM_VOLTA_DEVICE_CAPABILITY=7.0). Every log and JSON goes to OUTDIR.
 #
-#   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]
+#   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load]
 #
 # The Volta tree is a copy of this checkout (VOLTA_TREE, default /tmp/volta-tree) with its own
 # in-place build, so both extensions exist side by side. The steps write more than ten files; where
 # only a few files come back from the machine, give a scratch OUTDIR and pack it afterwards
 # (e.g. `tar -czf "$OUT/gpu_verify.tgz" -C /tmp/gv .`).
 set -uo pipefail
-out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving]}
+out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load]}
 shift
 steps=${*:-build tests kernels e2e serving}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,6 +80,25 @@ do_serving() {
       --max-model-len 1024 --num-prompts 160 --input-len 512 --output-len 128
       --max-concurrency 16 --ignore-eos --async-scheduling --output-json "$out/serving_$mode.json")
     if [ $mode = volta ]; then in_volta "${cmd[@]}" >/dev/null; else "${cmd[@]}" >/dev/null; fi
+  done
+}
+
+do_serving_load() {
+  # The server at 256 concurrent streams against the engine alone at the same batch (README_v100
+  # section 5: host-bound), both modes; same flags and requests on both sides.
+  local flags=(--config qwen2.5-1.5b --dtype half --max-model-len 1024 --max-num-seqs 256
+    --async-scheduling --num-prompts 1024 --input-len 512 --output-len 128)
+  for mode in native volta; do
+    note "engine alone and the server, 256 concurrent streams, $mode mode"
+    local engine=(python benchmarks/benchmark_throughput.py "${flags[@]}" --temperature 0
+      --output-json "$out/engine_256_$mode.json")
+    local server=(python benchmarks/benchmark_serving.py "${flags[@]}" --max-concurrency 256
+      --ignore-eos --output-json "$out/serving_256_$mode.json")
+    if [ $mode = volta ]; then
+      in_volta "${engine[@]}" >/dev/null; in_volta "${server[@]}" >/dev/null
+    else
+      "${engine[@]}" >/dev/null; "${server[@]}" >/dev/null
+    fi
   done
 }
 
