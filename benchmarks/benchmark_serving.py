@@ -129,8 +129,10 @@ def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     model_name = _served_model(base_url, args.served_model_name)
     vocab_size = _vocab_size(args)
     prompts = random_token_prompts(args.num_prompts, args.input_len, vocab_size, args.seed)
+    # return_token_ids (vLLM's extra): each chunk says how many tokens it carries, also when
+    # the server sends several in one chunk or runs without a tokenizer (no text).
     payloads = [{"model": model_name, "prompt": p, "max_tokens": args.output_len,
-                 "temperature": args.temperature, "stream": True,
+                 "temperature": args.temperature, "stream": True, "return_token_ids": True,
                  "stream_options": {"include_usage": True}} for p in prompts]
     if args.ignore_eos:  # vLLM's extension of the completions request
         for payload in payloads:

@@ -35,9 +35,26 @@ def _stub_app(received: list[dict]) -> FastAPI:
     async def completions(request: Request):
         body = await request.json()
         received.append(body)
-        if body["model"] != "stub-model":
+        if body["model"] not in ("stub-model", "stub-coalesced"):
             return JSONResponse({"error": {"message": "unknown model"}}, status_code=404)
         n = body["max_tokens"]
+
+        async def coalesced_events():
+            # Two tokens a chunk with their ids, the last ones in the closing chunk without
+            # text (a server without a tokenizer that fell behind sends such chunks).
+            await asyncio.sleep(FIRST_DELAY)
+            for start in range(0, n, 2):
+                ids = list(range(start, min(start + 2, n)))
+                last = start + 2 >= n
+                chunk = {"choices": [{"index": 0, "text": "" if last else " t",
+                                      "token_ids": ids,
+                                      "finish_reason": "length" if last else None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+                await asyncio.sleep(TOKEN_DELAY)
+            yield "data: [DONE]\n\n"
+
+        if body["model"] == "stub-coalesced":
+            return StreamingResponse(coalesced_events(), media_type="text/event-stream")
 
         async def events():
             await asyncio.sleep(FIRST_DELAY)
@@ -45,6 +62,8 @@ def _stub_app(received: list[dict]) -> FastAPI:
                 if i:
                     await asyncio.sleep(TOKEN_DELAY)
                 chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+                if body.get("return_token_ids"):
+                    chunk["choices"][0]["token_ids"] = [i]
                 yield f"data: {json.dumps(chunk)}\n\n"
             # A closing chunk without text and a usage chunk: neither is a token arrival.
             yield f"data: {json.dumps({'choices': [{'index': 0, 'text': '', 'finish_reason': 'length'}]})}\n\n"
@@ -102,7 +121,7 @@ def test_metrics_follow_the_stub_timing(stub, capsys):
     body = received[-1]
     assert len(body["prompt"]) == 9 and all(0 <= t < 100 for t in body["prompt"])
     assert body["stream"] is True and body["ignore_eos"] is True and body["max_tokens"] == 5
-    assert body["stream_options"] == {"include_usage": True}
+    assert body["stream_options"] == {"include_usage": True} and body["return_token_ids"] is True
 
 
 @pytest.mark.parametrize("usage", [True, False])
@@ -124,6 +143,21 @@ def test_send_completion_counts_token_chunks_only(stub, usage):
     # Single gaps jitter with the network and the event loop; their sum does not, much.
     assert sum(res.itl) >= 3 * TOKEN_DELAY * 0.75
     assert res.latency >= res.ttft + sum(res.itl) - 1e-6
+
+
+def test_token_ids_count_every_token_of_a_chunk(stub):
+    base_url, _ = stub
+    payload = {"model": "stub-coalesced", "prompt": [1, 2, 3], "max_tokens": 5, "stream": True,
+               "return_token_ids": True}
+
+    async def send() -> serving_client.RequestResult:
+        async with serving_client.httpx.AsyncClient() as client:
+            return await serving_client.send_completion(client, f"{base_url}/v1/completions",
+                                                        payload)
+
+    res = asyncio.run(send())
+    # Chunks of 2, 2 and 1 tokens, the last one without text: 5 tokens, 3 arrivals.
+    assert res.success and res.output_tokens == 5 and len(res.itl) == 2
 
 
 def test_max_concurrency_one_serializes_requests(stub):

@@ -144,3 +144,24 @@ def test_stream_ends_with_done(server):
         events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert all("choices" in json.loads(e) for e in events[:-1])
+
+
+def test_return_token_ids_match_transformers(client, hf_reference):
+    """vLLM's return_token_ids: the generated ids (per chunk when streaming) and the prompt's
+    ids, equal to transformers' greedy tokens; without it neither field is sent."""
+    tok, model = hf_reference
+    prompt_ids = tok.encode(PROMPT)
+    ref = hf_greedy(model, prompt_ids, 9)
+    with_ids = {**EXACT, "return_token_ids": True}
+    (choice,) = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=9,
+                                          temperature=0.0, extra_body=with_ids).choices
+    assert choice.model_extra["token_ids"] == ref
+    assert choice.model_extra["prompt_token_ids"] == prompt_ids
+    chunks = [c for c in client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=9, temperature=0.0, stream=True,
+        extra_body=with_ids) if c.choices]
+    assert [t for c in chunks for t in c.choices[0].model_extra["token_ids"]] == ref
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in c.choices[0].model_extra for c in chunks[1:])
+    plain = _greedy(client, PROMPT, max_tokens=3).choices[0]
+    assert "token_ids" not in (plain.model_extra or {})

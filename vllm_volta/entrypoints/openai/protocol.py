@@ -80,6 +80,10 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
+    # vLLM's extra: each choice also carries its generated ids ("token_ids"; in a stream, the
+    # ids of that chunk) and its prompt's ids ("prompt_token_ids"; in a stream, on the first
+    # chunk of the choice).
+    return_token_ids: bool = False
 
     @field_validator("prompt")
     @classmethod

@@ -107,9 +107,13 @@ class OpenAIServingCompletion(OpenAIServing):
                     gen = self._logprobs(out.token_ids, out.logprobs or [], request.logprobs,
                                          offset)
                     logprobs = self._merge_logprobs(logprobs, gen)
-                choices.append({"index": i * request.n + out.index, "text": text,
-                                "logprobs": logprobs, "finish_reason": out.finish_reason,
-                                "stop_reason": out.stop_reason})
+                choice = {"index": i * request.n + out.index, "text": text,
+                          "logprobs": logprobs, "finish_reason": out.finish_reason,
+                          "stop_reason": out.stop_reason}
+                if request.return_token_ids:
+                    choice["token_ids"] = out.token_ids
+                    choice["prompt_token_ids"] = prompt_ids[i]
+                choices.append(choice)
         choices.sort(key=lambda c: c["index"])
         return {"id": request_id, "object": "text_completion", "created": now_s(),
                 "model": self.model_name, "choices": choices,
@@ -147,9 +151,14 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs = self._merge_logprobs(logprobs, gen)
                     num_generated += len(delta_ids)
                     sent_tokens[idx], sent_chars[idx] = len(comp.token_ids), len(comp.text)
-                    yield encode(choices=[{"index": idx, "text": text, "logprobs": logprobs,
-                                           "finish_reason": comp.finish_reason,
-                                           "stop_reason": comp.stop_reason}])
+                    choice = {"index": idx, "text": text, "logprobs": logprobs,
+                              "finish_reason": comp.finish_reason,
+                              "stop_reason": comp.stop_reason}
+                    if request.return_token_ids:
+                        choice["token_ids"] = delta_ids
+                        if first:
+                            choice["prompt_token_ids"] = prompt_ids[i]
+                    yield encode(choices=[choice])
             if request.include_usage_in_stream:
                 num_prompt = sum(len(ids) for ids in prompt_ids)
                 yield encode(choices=[], usage=usage_dict(num_prompt, num_generated))
