@@ -117,3 +117,25 @@ def test_stream_raw_sse(server):
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_return_token_ids_match_transformers(client, hf_reference):
+    """vLLM's return_token_ids on chat: the choice's generated ids (per chunk when streaming)
+    and the response's prompt ids (on the first chunk), equal to transformers' tokens."""
+    tok, model = hf_reference
+    prompt_ids = _template_ids(tok, MESSAGES)
+    ref = hf_greedy(model, prompt_ids, 7)
+    with_ids = {**EXACT, "return_token_ids": True}
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=7,
+                                          temperature=0.0, extra_body=with_ids)
+    assert resp.choices[0].model_extra["token_ids"] == ref
+    assert resp.model_extra["prompt_token_ids"] == prompt_ids
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES,
+                                                 max_tokens=7, temperature=0.0, stream=True,
+                                                 extra_body=with_ids))
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in c.model_extra for c in chunks[1:])
+    assert [t for c in chunks for ch in c.choices for t in ch.model_extra["token_ids"]] == ref
+    plain = _chat(client, max_tokens=2)
+    assert "prompt_token_ids" not in (plain.model_extra or {})
+    assert "token_ids" not in (plain.choices[0].model_extra or {})

@@ -43,6 +43,10 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     request_id: str | None = None
+    # vLLM's extra: each choice also carries its generated ids ("token_ids"; in a stream, the
+    # ids of that chunk), and the prompt's ids come along ("prompt_token_ids": on each choice
+    # for completions, on the response for chat; in a stream, once, on the first chunk).
+    return_token_ids: bool = False
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -80,10 +84,6 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
-    # vLLM's extra: each choice also carries its generated ids ("token_ids"; in a stream, the
-    # ids of that chunk) and its prompt's ids ("prompt_token_ids"; in a stream, on the first
-    # chunk of the choice).
-    return_token_ids: bool = False
 
     @field_validator("prompt")
     @classmethod

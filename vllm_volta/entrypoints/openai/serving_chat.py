@@ -90,14 +90,20 @@ class OpenAIServingChat(OpenAIServing):
             if request.logprobs:
                 logprobs = self._logprobs(out.token_ids, out.logprobs or [],
                                           request.top_logprobs or 0)
-            choices.append({"index": out.index,
-                            "message": {"role": "assistant", "content": out.text},
-                            "logprobs": logprobs, "finish_reason": out.finish_reason,
-                            "stop_reason": out.stop_reason})
+            choice = {"index": out.index,
+                      "message": {"role": "assistant", "content": out.text},
+                      "logprobs": logprobs, "finish_reason": out.finish_reason,
+                      "stop_reason": out.stop_reason}
+            if request.return_token_ids:
+                choice["token_ids"] = out.token_ids
+            choices.append(choice)
         choices.sort(key=lambda c: c["index"])
-        return {"id": request_id, "object": "chat.completion", "created": now_s(),
-                "model": self.model_name, "choices": choices,
-                "usage": usage_dict(len(prompt_ids), num_generated)}
+        response = {"id": request_id, "object": "chat.completion", "created": now_s(),
+                    "model": self.model_name, "choices": choices,
+                    "usage": usage_dict(len(prompt_ids), num_generated)}
+        if request.return_token_ids:
+            response["prompt_token_ids"] = prompt_ids
+        return response
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, streams: list,
                       prompt_ids: list[int]) -> AsyncIterator[str]:
@@ -105,16 +111,21 @@ class OpenAIServingChat(OpenAIServing):
                                "created": now_s(), "model": self.model_name})
 
         def chunk(index: int, delta: dict, logprobs: Any = None,
-                  finish_reason: str | None = None, stop_reason: Any = None) -> str:
+                  finish_reason: str | None = None, stop_reason: Any = None,
+                  token_ids: list[int] | None = None, **fields: Any) -> str:
             choice = {"index": index, "delta": delta, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
-            return encode(choices=[choice])
+            if request.return_token_ids:
+                choice["token_ids"] = token_ids or []
+            return encode(choices=[choice], **fields)
 
-        # Role first, for every choice, before any token arrives.
+        # Role first, for every choice, before any token arrives; the prompt's ids (when asked
+        # for) with the first.
         for index in range(request.n):
-            yield chunk(index, {"role": "assistant", "content": ""})
+            first = {"prompt_token_ids": prompt_ids} if request.return_token_ids and not index else {}
+            yield chunk(index, {"role": "assistant", "content": ""}, **first)
         sent_tokens = [0] * request.n
         sent_chars = [0] * request.n
         finished = [False] * request.n
@@ -132,7 +143,7 @@ class OpenAIServingChat(OpenAIServing):
                             logprobs = self._logprobs(
                                 delta_ids, (comp.logprobs or [])[sent_tokens[i]:],
                                 request.top_logprobs or 0)
-                        yield chunk(i, {"content": delta_text}, logprobs)
+                        yield chunk(i, {"content": delta_text}, logprobs, token_ids=delta_ids)
                     sent_tokens[i], sent_chars[i] = len(comp.token_ids), len(comp.text)
                     if comp.finish_reason is not None:
                         finished[i] = True
