@@ -85,7 +85,8 @@ do_serving() {
 
 do_serving_load() {
   # The server at 256 concurrent streams against the engine alone at the same batch (README_v100
-  # section 5: host-bound), both modes; same flags and requests on both sides.
+  # section 5: host-bound), both modes; same flags and requests on both sides. SERVER_FLAG, if
+  # set, is one more flag for the server (e.g. SERVER_FLAG=--engine-process).
   local flags=(--config qwen2.5-1.5b --dtype half --max-model-len 1024 --max-num-seqs 256
     --async-scheduling --num-prompts 1024 --input-len 512 --output-len 128)
   for mode in native volta; do
@@ -93,7 +94,7 @@ do_serving_load() {
     local engine=(python benchmarks/benchmark_throughput.py "${flags[@]}" --temperature 0
       --output-json "$out/engine_256_$mode.json")
     local server=(python benchmarks/benchmark_serving.py "${flags[@]}" --max-concurrency 256
-      --ignore-eos --output-json "$out/serving_256_$mode.json")
+      --ignore-eos ${SERVER_FLAG:+--server-arg=$SERVER_FLAG} --output-json "$out/serving_256_$mode.json")
     if [ $mode = volta ]; then
       in_volta "${engine[@]}" >/dev/null; in_volta "${server[@]}" >/dev/null
     else
