@@ -145,29 +145,26 @@ def split_shards(url: str, payloads: Sequence[dict[str, Any]], processes: int,
     return shards
 
 
-async def run_shard(shard: Shard, client: httpx.AsyncClient | None = None
-                    ) -> tuple[list[RequestResult], float, float]:
+async def run_shard(shard: Shard) -> tuple[list[RequestResult], float, float]:
     """Send a shard's requests at its arrival times, at most its concurrency cap in flight.
     Returns the results (in the shard's order) and perf_counter() at its start and end."""
-    if client is None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as own:
-            return await run_shard(shard, own)
     sem = asyncio.Semaphore(shard.max_concurrency) if shard.max_concurrency else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
 
-    async def one(payload: dict[str, Any]) -> RequestResult:
-        if sem is None:
-            return await send_completion(client, shard.url, payload)
-        async with sem:
-            return await send_completion(client, shard.url, payload)
+        async def one(payload: dict[str, Any]) -> RequestResult:
+            if sem is None:
+                return await send_completion(client, shard.url, payload)
+            async with sem:
+                return await send_completion(client, shard.url, payload)
 
-    tasks = []
-    start = time.perf_counter()
-    async for i in request_arrivals(len(shard.payloads), shard.request_rate, shard.burstiness,
-                                    shard.seed):
-        tasks.append(asyncio.create_task(one(shard.payloads[i])))
-    results = await asyncio.gather(*tasks)
-    return list(results), start, time.perf_counter()
+        tasks = []
+        start = time.perf_counter()
+        async for i in request_arrivals(len(shard.payloads), shard.request_rate,
+                                        shard.burstiness, shard.seed):
+            tasks.append(asyncio.create_task(one(shard.payloads[i])))
+        results = await asyncio.gather(*tasks)
+        return list(results), start, time.perf_counter()
 
 
 def _shard_process(shard: Shard, start_barrier: Any, results: Any) -> None:
