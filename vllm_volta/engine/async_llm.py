@@ -121,8 +121,14 @@ class AsyncLLM:
         self._thread.start()
 
     @classmethod
-    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
-        """Build the engine from ``EngineArgs`` and start the background loop."""
+    def from_engine_args(cls, engine_args: Any, *, engine_process: bool = False,
+                         **kwargs: Any) -> AsyncLLM:
+        """Build the engine from ``EngineArgs`` (in this process, or with ``engine_process`` in
+        an engine core process of its own) and start the background loop."""
+        if engine_process:
+            from vllm_volta.engine.core_process import EngineCoreClient
+
+            return cls(EngineCoreClient(engine_args), owns_engine=True, **kwargs)
         from vllm_volta.engine.llm_engine import LLMEngine
 
         return cls(LLMEngine.from_engine_args(engine_args), owns_engine=True, **kwargs)

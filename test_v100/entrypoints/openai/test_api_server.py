@@ -187,3 +187,31 @@ def test_http_stack_uses_uvloop_and_httptools_where_installed(server, monkeypatc
     assert api_server.http_stack() == ("asyncio", "httptools")
     found["httptools"] = None
     assert api_server.http_stack() == ("asyncio", "h11")
+
+
+@pytest.fixture(scope="module")
+def core_server(tiny_model):
+    from test_v100.entrypoints.openai.conftest import SERVER_ARGS as args
+
+    with RemoteServer(["--model", tiny_model, *args, "--engine-process"]) as srv:
+        yield srv
+
+
+def test_engine_process_serves_the_same_tokens(server, core_server):
+    """--engine-process: the engine in a process of its own gives the same greedy text,
+    streamed and not, and its stats reach /metrics."""
+
+    def complete(srv, stream: bool) -> str:
+        kwargs = dict(model=MODEL_NAME, prompt="Hello engine core", max_tokens=12,
+                      temperature=0.0, extra_body={"ignore_eos": True})
+        client = srv.client()
+        if not stream:
+            return client.completions.create(**kwargs).choices[0].text
+        return "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True)
+                       if c.choices)
+
+    for stream in (False, True):
+        assert complete(core_server, stream) == complete(server, stream)
+    assert "Engine core running in process" in core_server.log(100_000)
+    page = httpx.get(core_server.url + "/metrics", timeout=10).text
+    assert metric(page, "vllm:num_kv_cache_blocks_total") > 0

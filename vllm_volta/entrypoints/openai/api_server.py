@@ -154,7 +154,8 @@ def run_server(args: argparse.Namespace) -> None:
     import uvicorn
 
     load_chat_template(args.chat_template)  # fail fast, before loading the model
-    engine = AsyncLLM.from_engine_args(build_engine_args(args))
+    engine = AsyncLLM.from_engine_args(build_engine_args(args),
+                                       engine_process=getattr(args, "engine_process", False))
     app = build_app(engine, args)
     host = args.host or "0.0.0.0"
     loop, http = http_stack()

@@ -1,0 +1,96 @@
+"""AsyncLLM over an engine core process (core_process.py): the same tokens as the engine in
+the server's process, prompts restored on every output, bad input and aborts handled per
+request, startup failures and a dead core reported."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from test_v100.entrypoints.openai.utils import build_tiny_llama
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError
+from vllm_volta.sampling_params import SamplingParams
+
+PROMPTS = [[5, 9, 13, 2, 7], [3, 3, 8], [11, 4, 6, 1, 1, 9, 20], [17]]
+
+
+@pytest.fixture(scope="module")
+def engine_args(tmp_path_factory) -> EngineArgs:
+    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_core"))
+    return EngineArgs(model=str(model_dir), max_model_len=64, max_num_seqs=4,
+                      cpu_kvcache_space=0.01, seed=0, async_scheduling=True)
+
+
+@pytest.fixture(scope="module")
+def core_llm(engine_args):
+    llm = AsyncLLM.from_engine_args(engine_args, engine_process=True)
+    yield llm
+    llm.shutdown()
+
+
+async def _run(llm: AsyncLLM, prompts: list[list[int]], max_tokens: int = 8) -> list[list]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    async def one(i: int, prompt: list[int]) -> list:
+        return [out async for out in llm.generate(prompt, params, f"req-{i}-{id(prompts)}")]
+
+    return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def test_same_tokens_as_the_engine_in_process(engine_args, core_llm):
+    in_process = AsyncLLM.from_engine_args(engine_args)
+    try:
+        expected = asyncio.run(_run(in_process, PROMPTS))
+    finally:
+        in_process.shutdown()
+    got = asyncio.run(_run(core_llm, PROMPTS))
+    for prompt, want, have in zip(PROMPTS, expected, got):
+        assert have[-1].finished and have[-1].outputs[0].token_ids == want[-1].outputs[0].token_ids
+        assert len(have[-1].outputs[0].token_ids) == 8
+        # Only the first output carries the prompt over the pipe; the client restores it.
+        assert all(out.prompt_token_ids == prompt for out in have)
+        assert [len(o.outputs[0].token_ids) for o in have] == sorted(
+            len(o.outputs[0].token_ids) for o in have)
+    assert core_llm.get_stats() is not None and not core_llm.engine.has_unfinished_requests()
+
+
+def test_bad_request_fails_alone_and_abort_frees(core_llm):
+    async def main():
+        with pytest.raises(ValueError, match="max_model_len"):
+            await core_llm.add_request("too-long", list(range(1, 80)), SamplingParams(max_tokens=4))
+        # Abort after the first output: the stream ends and the core forgets the request.
+        stream = await core_llm.add_request("to-abort", [4, 5, 6],
+                                            SamplingParams(max_tokens=40, ignore_eos=True))
+        first = await stream.__anext__()
+        stream.close()
+        assert not first.finished
+        return await _run(core_llm, [[2, 3]], max_tokens=3)
+
+    (outs,) = asyncio.run(main())
+    assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+    assert not core_llm.engine.has_unfinished_requests()
+
+
+def test_startup_failure_is_reported(tmp_path):
+    args = EngineArgs(model=str(tmp_path / "missing"), max_model_len=64)
+    with pytest.raises(Exception, match="missing|does not exist|config"):
+        AsyncLLM.from_engine_args(args, engine_process=True)
+
+
+def test_a_dead_core_fails_the_requests_in_flight(engine_args):
+    llm = AsyncLLM.from_engine_args(engine_args, engine_process=True)
+
+    async def main():
+        stream = await llm.add_request("r", [4, 5, 6], SamplingParams(max_tokens=60,
+                                                                      ignore_eos=True))
+        await stream.__anext__()
+        llm.engine._proc.kill()
+        with pytest.raises(EngineLoopError, match="engine core"):
+            async for _ in stream:
+                pass
+
+    try:
+        asyncio.run(main())
+    finally:
+        llm.shutdown()
