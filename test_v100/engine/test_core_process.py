@@ -9,7 +9,7 @@ import pytest
 
 from test_v100.entrypoints.openai.utils import build_tiny_llama
 from vllm_volta.engine.arg_utils import EngineArgs
-from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError
+from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError, RequestError
 from vllm_volta.sampling_params import SamplingParams
 
 PROMPTS = [[5, 9, 13, 2, 7], [3, 3, 8], [11, 4, 6, 1, 1, 9, 20], [17]]
@@ -48,7 +48,7 @@ def test_same_tokens_as_the_engine_in_process(engine_args, core_llm):
     for prompt, want, have in zip(PROMPTS, expected, got):
         assert have[-1].finished and have[-1].outputs[0].token_ids == want[-1].outputs[0].token_ids
         assert len(have[-1].outputs[0].token_ids) == 8
-        # Only the first output carries the prompt over the pipe; the client restores it.
+        # Outputs cross the pipe without the prompt; the client puts it back.
         assert all(out.prompt_token_ids == prompt for out in have)
         assert [len(o.outputs[0].token_ids) for o in have] == sorted(
             len(o.outputs[0].token_ids) for o in have)
@@ -70,6 +70,22 @@ def test_bad_request_fails_alone_and_abort_frees(core_llm):
     (outs,) = asyncio.run(main())
     assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
     assert not core_llm.engine.has_unfinished_requests()
+
+
+def test_a_failed_add_in_the_core_fails_that_request_alone(core_llm):
+    # The client checks requests before sending them, so this answer is rare (the core failing
+    # an add it accepted); it is injected here, as the pipe would deliver it.
+    async def main():
+        doomed = await core_llm.add_request("doomed", [4, 5], SamplingParams(max_tokens=50,
+                                                                              ignore_eos=True))
+        core_llm.engine._steps.append(("add_failed", "doomed", "ValueError: no room"))
+        with pytest.raises(RequestError, match="no room"):
+            async for _ in doomed:
+                pass
+        return await _run(core_llm, [[2, 3]], max_tokens=3)
+
+    (outs,) = asyncio.run(main())
+    assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
 
 
 def test_startup_failure_is_reported(tmp_path):

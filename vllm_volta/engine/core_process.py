@@ -9,11 +9,13 @@ the event loop and the light client side.
 
 Protocol over one duplex pipe (pickled tuples):
     core -> client  ("ready", model_config, tokenizer) | ("failed", message)
-                    ("added", request_id, error or None)
                     ("step", outputs, stats) | ("step_error", message)
-    client -> core  ("add", request_id, prompt, params) | ("abort", request_ids) | ("shutdown",)
-A request's first output carries its prompt token ids, later ones travel without them (the
-client puts them back), so a step's message grows with the new tokens, not with the prompts.
+                    ("add_failed", request_id, message)
+    client -> core  ("add", request_id, prompt_token_ids, params) | ("abort", request_ids)
+                    | ("shutdown",)
+The client checks and tokenizes a request itself (InputProcessor), so bad input fails at once
+without a round trip and an add needs no answer. Outputs cross without the prompt (the client
+puts it back), so a step's message grows with the generated tokens, not with the prompts.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import collections
 import multiprocessing
 from typing import Any
 
+from vllm_volta.engine.input_processor import InputProcessor
 from vllm_volta.logger import init_logger
+from vllm_volta.outputs import RequestOutput
 
 logger = init_logger(__name__)
 
@@ -40,7 +44,6 @@ def _core_main(engine_args: Any, conn: Any) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", engine.model_config, engine.get_tokenizer()))
-    prompt_sent: set[str] = set()  # requests whose prompt ids went with an earlier output
     try:
         while True:
             # Idle: wait for a command. Busy: take what arrived, then step.
@@ -49,16 +52,13 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                 if cmd[0] == "shutdown":
                     return
                 if cmd[0] == "add":
-                    _, request_id, prompt, params = cmd
+                    _, request_id, token_ids, params = cmd
                     try:
-                        engine.add_request(request_id, prompt, params)
-                    except Exception as exc:  # bad input fails this request only
-                        conn.send(("added", request_id, exc))
-                    else:
-                        conn.send(("added", request_id, None))
+                        engine.add_request(request_id, token_ids, params)
+                    except Exception as exc:  # the client checked it; fail this request only
+                        conn.send(("add_failed", request_id, f"{type(exc).__name__}: {exc}"))
                 elif cmd[0] == "abort":
                     engine.abort_request(cmd[1])
-                    prompt_sent.difference_update(cmd[1])
             try:
                 outputs = engine.step()
             except Exception as exc:
@@ -66,12 +66,7 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                 conn.send(("step_error", f"{type(exc).__name__}: {exc}"))
                 continue
             for out in outputs:
-                if out.request_id in prompt_sent:
-                    out.prompt_token_ids = None
-                    if out.finished:
-                        prompt_sent.discard(out.request_id)
-                elif not out.finished:
-                    prompt_sent.add(out.request_id)
+                out.prompt = out.prompt_token_ids = None
             conn.send(("step", outputs, engine.get_stats()))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the server went away
@@ -92,13 +87,15 @@ class EngineCoreClient:
         self._proc.start()
         child.close()
         self._steps: collections.deque = collections.deque()  # step messages read early
-        self._prompts: dict[str, list[int] | None] = {}  # in flight: id -> prompt token ids
+        # In flight: request id -> (prompt text, prompt token ids), put back on its outputs.
+        self._prompts: dict[str, tuple[str | None, list[int]]] = {}
         self._stats: Any = None
         msg = self._recv(startup_timeout)
         if msg[0] == "failed":
             self._proc.join(10)
             raise RuntimeError(f"engine core failed to start: {msg[1]}")
         _, self.model_config, self._tokenizer = msg
+        self._inputs = InputProcessor(self.model_config, self._tokenizer)
         logger.info("Engine core running in process %d", self._proc.pid)
 
     def _recv(self, timeout: float | None = None) -> tuple:
@@ -126,19 +123,12 @@ class EngineCoreClient:
         return bool(self._prompts)
 
     def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
-        """Add a request; the core's ValueError for bad input is raised here."""
-        self._send(("add", request_id, prompt, params))
-        while True:
-            msg = self._recv()
-            if msg[0] != "added":
-                self._steps.append(msg)  # a step that finished meanwhile
-                continue
-            if msg[1] != request_id:
-                raise EngineCoreDied(f"engine core answered for {msg[1]!r}, not {request_id!r}")
-            if msg[2] is not None:
-                raise msg[2]
-            break
-        self._prompts[request_id] = None  # filled from its first output
+        """Check, tokenize and send a request; bad input raises ValueError here."""
+        if request_id in self._prompts:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        prompt_text, token_ids, params = self._inputs.process(prompt, params)
+        self._send(("add", request_id, token_ids, params))
+        self._prompts[request_id] = (prompt_text, token_ids)
 
     def abort_request(self, request_ids: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -165,24 +155,22 @@ class EngineCoreClient:
                     self._steps.appendleft(msg)
                     break
                 raise RuntimeError(msg[1])
-            if msg[0] != "step":
+            if msg[0] == "step":
+                _, outputs, self._stats = msg
+                merged.update((out.request_id, out) for out in outputs)
+            elif msg[0] == "add_failed":
+                _, request_id, error = msg
+                merged[request_id] = RequestOutput(request_id, None, None, None, [],
+                                                   finished=True, error=error)
+            else:
                 raise EngineCoreDied(f"unexpected message from the engine core: {msg[0]!r}")
-            _, outputs, self._stats = msg
-            for out in outputs:
-                if out.prompt_token_ids is None and out.request_id in merged:
-                    out.prompt_token_ids = merged[out.request_id].prompt_token_ids
-                merged[out.request_id] = out
             msg = self._next_step_message(block=False)
         live = []
         for out in merged.values():
-            if out.request_id not in self._prompts:  # aborted while the step ran
+            prompt = (self._prompts.pop if out.finished else self._prompts.get)(out.request_id)
+            if prompt is None:  # aborted while the step ran
                 continue
-            if out.prompt_token_ids is None:
-                out.prompt_token_ids = self._prompts[out.request_id]
-            else:
-                self._prompts[out.request_id] = out.prompt_token_ids
-            if out.finished:
-                del self._prompts[out.request_id]
+            out.prompt, out.prompt_token_ids = prompt
             live.append(out)
         return live
 

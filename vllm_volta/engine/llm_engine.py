@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from vllm_volta.core.stats import EngineStats, StatLogger
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.gc_policy import (freeze_startup_heap, raise_gc_threshold,
                                           release_startup_heap)
+from vllm_volta.engine.input_processor import InputProcessor, PromptInput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
@@ -27,7 +28,6 @@ from vllm_volta.worker.model_runner import PendingOutput
 
 __all__ = ["EngineStats", "LLMEngine"]
 
-PromptInput = str | list[int] | Mapping[str, Any]
 
 class LLMEngine:
     """The engine: tokenizer, scheduler + KV cache manager, executor."""
@@ -45,6 +45,7 @@ class LLMEngine:
                                            trust_remote_code=mc.trust_remote_code,
                                            revision=mc.tokenizer_revision)
         self.eos_token_ids = self._eos_token_ids()
+        self.input_processor = InputProcessor(self.model_config, self.tokenizer)
         executor_class = executor_class or Executor.get_class(vllm_config)
         self.executor = executor_class(vllm_config)
         try:
@@ -94,46 +95,6 @@ class LLMEngine:
         return self.tokenizer
 
     # ---- requests -------------------------------------------------------------
-    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, Mapping):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), self._tokenize(list(prompt["prompt_token_ids"]))[1]
-            if "prompt" in prompt:
-                return self._tokenize(prompt["prompt"])
-            raise ValueError("prompt dict needs a 'prompt' or 'prompt_token_ids' key")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init "
-                                 "is set); pass prompt_token_ids")
-            return prompt, list(self.tokenizer.encode(prompt))
-        # Element types checked once each (map runs in C): ints, not bools.
-        if isinstance(prompt, (list, tuple)) and all(
-                issubclass(t, int) and t is not bool for t in set(map(type, prompt))):
-            return None, list(prompt)
-        raise ValueError(f"prompt must be a string, a list of token ids or a dict, "
-                         f"got {type(prompt).__name__}")
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        mc = self.model_config
-        if not token_ids:
-            raise ValueError("prompt must not be empty (0 tokens)")
-        if len(token_ids) > mc.max_model_len:
-            raise ValueError(f"prompt length {len(token_ids)} exceeds max_model_len "
-                             f"{mc.max_model_len}: the prompt must have at most "
-                             f"{mc.max_model_len} tokens")
-        vocab = mc.get_vocab_size()
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            bad = next(t for t in token_ids if not 0 <= t < vocab)
-            raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary "
-                             f"[0, {vocab})")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > mc.max_logprobs:
-                raise ValueError(f"{name}={value} exceeds max_logprobs={mc.max_logprobs}; "
-                                 f"allowed range is [0, {mc.max_logprobs}]")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; use stop_token_ids")
-
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         """Queue a request. Bad input raises ValueError and leaves the engine untouched."""
@@ -141,12 +102,7 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if params is None:
-            params = SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        prompt_text, token_ids = self._tokenize(prompt)
-        self._validate(token_ids, params)
+        prompt_text, token_ids, params = self.input_processor.process(prompt, params)
         params = params.clone()
         params.update_from_tokenizer(self.eos_token_ids)
         arrival_time = arrival_time if arrival_time is not None else time.time()
