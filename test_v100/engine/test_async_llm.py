@@ -38,8 +38,16 @@ class FlakyEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self._engine = engine
         self.armed = False
+        self.gate = threading.Event()  # step() waits while it is clear
+        self.gate.set()
+        self.added: list[str] = []
+
+    def add_request(self, request_id, prompt, params):
+        self._engine.add_request(request_id, prompt, params)
+        self.added.append(request_id)
 
     def step(self):
+        self.gate.wait()
         if self.armed:
             self.armed = False
             raise RuntimeError("injected step failure")
@@ -141,6 +149,32 @@ def test_cancelled_consumer_aborts(llm):
         return await wait_idle(async_llm)
 
     stats = asyncio.run(main())
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_add_cancelled_before_the_engine_answers_leaves_nothing_behind(llm):
+    async_llm, flaky = llm
+
+    async def main():
+        running = asyncio.create_task(final_output(async_llm, "Hello", greedy(8), "running"))
+        while async_llm.get_stats().num_running == 0:
+            await asyncio.sleep(0.005)
+        flaky.gate.clear()  # the engine thread stops in its next step: adds wait for it
+        await asyncio.sleep(0.05)
+        add = asyncio.create_task(async_llm.add_request("given-up", "Hi", greedy(50)))
+        await asyncio.sleep(0.05)
+        assert not add.done()
+        add.cancel()
+        flaky.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await add
+        out = await running
+        return out, await wait_idle(async_llm)
+
+    out, stats = asyncio.run(main())
+    assert out.finished and len(out.outputs[0].token_ids) == 8
+    assert "given-up" not in flaky.added  # the engine thread saw the cancel and skipped it
+    assert stats.num_running == stats.num_waiting == 0
     assert stats.num_free_blocks == stats.num_total_blocks
 
 

@@ -11,11 +11,10 @@ queue (add / abort / shutdown) and receives outputs through per-request
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from vllm_volta.logger import init_logger
@@ -91,15 +90,32 @@ def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
         stream._queue.put_nowait(item)
 
 
-def _deliver(items: list[tuple[RequestStream, Any]]) -> None:
-    """Hand (stream, output or exception) pairs from the engine thread to their event loops,
-    one call_soon_threadsafe (one wakeup of the loop) per loop, not one per request."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
-    for stream, item in items:
-        by_loop.setdefault(stream._loop, []).append((stream, item))
+def _answer_adds(items: list[tuple[asyncio.Future, BaseException | None]]) -> None:
+    # On the event loop: answer add_request's callers (a cancelled caller needs no answer).
+    for future, exc in items:
+        if future.done():
+            continue
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
+
+
+def _call_on_loops(items: list, loop_of: Callable[[Any], asyncio.AbstractEventLoop],
+                   callback: Callable[[list], None]) -> None:
+    """From the engine thread: ``callback(batch)`` on each item's event loop, one
+    call_soon_threadsafe (one wakeup of the loop) per loop, not one per item."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for item in items:
+        by_loop.setdefault(loop_of(item), []).append(item)
     for loop, batch in by_loop.items():
         if not loop.is_closed():
-            loop.call_soon_threadsafe(_put_all, batch)
+            loop.call_soon_threadsafe(callback, batch)
+
+
+def _deliver(items: list[tuple[RequestStream, Any]]) -> None:
+    """Hand (stream, output or exception) pairs from the engine thread to their event loops."""
+    _call_on_loops(items, lambda item: item[0]._loop, _put_all)
 
 
 _STOP = object()
@@ -115,6 +131,7 @@ class AsyncLLM:
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._adds: list[tuple[asyncio.Future, BaseException | None]] = []  # answers to send
         self._stats: Any = self._read_stats()
         self._shutdown = False
         self._thread = threading.Thread(target=self._run, name="vllm-volta-engine", daemon=True)
@@ -159,10 +176,10 @@ class AsyncLLM:
         if self._shutdown:
             raise RuntimeError("AsyncLLM is shut down")
         stream = RequestStream(self, request_id)
-        added: concurrent.futures.Future = concurrent.futures.Future()
+        added = stream._loop.create_future()  # answered by the engine thread (_settle_adds)
         self._commands.put(("add", request_id, prompt, sampling_params, stream, added))
         try:
-            await asyncio.wrap_future(added)
+            await added
         except asyncio.CancelledError:
             stream.close()  # the add may have gone through after all
             raise
@@ -214,17 +231,17 @@ class AsyncLLM:
             return False
         if kind == "add":
             _, request_id, prompt, params, stream, added = cmd
-            if not added.set_running_or_notify_cancel():  # caller gave up already
+            if added.cancelled():  # caller gave up already
                 return True
             try:
                 if request_id in self._requests:
                     raise ValueError(f"request_id {request_id!r} is already in use")
                 self.engine.add_request(request_id, prompt, params)
             except Exception as exc:  # bad input fails this request only
-                added.set_exception(exc)
+                self._adds.append((added, exc))
             else:
                 self._requests[request_id] = stream
-                added.set_result(None)
+                self._adds.append((added, None))
         elif kind == "abort":
             request_id = cmd[1]
             if self._requests.pop(request_id, None) is not None:
@@ -237,14 +254,17 @@ class AsyncLLM:
     def _drain_commands(self) -> bool:
         # Idle: block until something arrives. Busy: take what is queued and step.
         block = not self._requests
-        while True:
-            try:
-                cmd = self._commands.get(block=block)
-            except queue.Empty:
-                return True
-            if not self._handle_command(cmd):
-                return False
-            block = False
+        try:
+            while True:
+                try:
+                    cmd = self._commands.get(block=block)
+                except queue.Empty:
+                    return True
+                if not self._handle_command(cmd):
+                    return False
+                block = False
+        finally:
+            self._settle_adds()
 
     def _run(self) -> None:
         try:
@@ -311,11 +331,17 @@ class AsyncLLM:
         _deliver([(stream, exc) for stream in self._requests.values()])
         self._requests.clear()
 
+    def _settle_adds(self) -> None:
+        """Answer the adds taken so far: one wakeup per event loop for all of them."""
+        _call_on_loops(self._adds, lambda item: item[0].get_loop(), _answer_adds)
+        self._adds = []
+
     def _fail_queued_adds(self) -> None:
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
-                return
-            if cmd[0] == "add" and cmd[5].set_running_or_notify_cancel():
-                cmd[5].set_exception(RuntimeError("AsyncLLM is shut down"))
+                break
+            if cmd[0] == "add":
+                self._adds.append((cmd[5], RuntimeError("AsyncLLM is shut down")))
+        self._settle_adds()

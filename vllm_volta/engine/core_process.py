@@ -14,8 +14,9 @@ Protocol over one duplex pipe (pickled tuples):
     client -> core  ("add", request_id, prompt_token_ids, params) | ("abort", request_ids)
                     | ("shutdown",)
 The client checks and tokenizes a request itself (InputProcessor), so bad input fails at once
-without a round trip and an add needs no answer. Outputs cross without the prompt (the client
-puts it back), so a step's message grows with the generated tokens, not with the prompts.
+without a round trip and an add needs no answer. Outputs cross as deltas without the prompt
+(core_outputs.py; the client puts the prompt back), so a step's message holds the step's new
+tokens, not every request's whole history.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import collections
 import multiprocessing
 from typing import Any
 
+from vllm_volta.engine.core_outputs import OutputDecoder, OutputEncoder
 from vllm_volta.engine.input_processor import InputProcessor
 from vllm_volta.logger import init_logger
 from vllm_volta.outputs import RequestOutput
@@ -44,6 +46,7 @@ def _core_main(engine_args: Any, conn: Any) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", engine.model_config, engine.get_tokenizer()))
+    encoder = OutputEncoder()
     try:
         while True:
             # Idle: wait for a command. Busy: take what arrived, then step.
@@ -59,15 +62,14 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                         conn.send(("add_failed", request_id, f"{type(exc).__name__}: {exc}"))
                 elif cmd[0] == "abort":
                     engine.abort_request(cmd[1])
+                    encoder.forget(cmd[1])
             try:
                 outputs = engine.step()
             except Exception as exc:
                 logger.exception("engine step failed")
                 conn.send(("step_error", f"{type(exc).__name__}: {exc}"))
                 continue
-            for out in outputs:
-                out.prompt = out.prompt_token_ids = None
-            conn.send(("step", outputs, engine.get_stats()))
+            conn.send(("step", encoder.encode(outputs), engine.get_stats()))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the server went away
     finally:
@@ -89,6 +91,7 @@ class EngineCoreClient:
         self._steps: collections.deque = collections.deque()  # step messages read early
         # In flight: request id -> (prompt text, prompt token ids), put back on its outputs.
         self._prompts: dict[str, tuple[str | None, list[int]]] = {}
+        self._decoder = OutputDecoder()
         self._stats: Any = None
         msg = self._recv(startup_timeout)
         if msg[0] == "failed":
@@ -134,6 +137,7 @@ class EngineCoreClient:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in ids:
             self._prompts.pop(rid, None)
+        self._decoder.forget(ids)
         self._send(("abort", ids))
 
     def _next_step_message(self, block: bool) -> tuple | None:
@@ -147,27 +151,28 @@ class EngineCoreClient:
         """The outputs of every step the core finished since the last call (blocks until one
         has): the newest output per request, as outputs are cumulative. Reading them all at
         once keeps the core stepping when this process falls behind."""
-        merged: dict[str, Any] = {}
+        touched: dict[str, Any] = {}  # request id -> its decoder state, or a failed output
         msg = self._next_step_message(block=True)
         while msg is not None:
             if msg[0] == "step_error":
-                if merged:  # deliver what came before it first
+                if touched:  # deliver what came before it first
                     self._steps.appendleft(msg)
                     break
                 raise RuntimeError(msg[1])
             if msg[0] == "step":
-                _, outputs, self._stats = msg
-                merged.update((out.request_id, out) for out in outputs)
+                self._decoder.apply(msg[1], touched)
+                self._stats = msg[2]
             elif msg[0] == "add_failed":
                 _, request_id, error = msg
-                merged[request_id] = RequestOutput(request_id, None, None, None, [],
-                                                   finished=True, error=error)
+                touched[request_id] = RequestOutput(request_id, None, None, None, [],
+                                                    finished=True, error=error)
             else:
                 raise EngineCoreDied(f"unexpected message from the engine core: {msg[0]!r}")
             msg = self._next_step_message(block=False)
         live = []
-        for out in merged.values():
-            prompt = (self._prompts.pop if out.finished else self._prompts.get)(out.request_id)
+        for rid, state in touched.items():
+            out = state if isinstance(state, RequestOutput) else self._decoder.build(rid, state)
+            prompt = (self._prompts.pop if out.finished else self._prompts.get)(rid)
             if prompt is None:  # aborted while the step ran
                 continue
             out.prompt, out.prompt_token_ids = prompt

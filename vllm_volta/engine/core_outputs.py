@@ -1,0 +1,127 @@
+"""Request outputs on the engine core's pipe: per request, only what is new since its last output.
+
+The engine's RequestOutputs are cumulative (every token id so far). Pickling them whole each
+step costs the core, whose one thread also schedules and launches the steps, time that grows
+with the output length. ``OutputEncoder`` (core side) sends plain tuples with the token ids
+(and logprobs) added since the request's previous output; ``OutputDecoder`` (client side)
+appends them and rebuilds cumulative RequestOutputs, for the newest state of each request only.
+
+Wire item per request:
+    (request_id, finished, error, num_cached_tokens, metrics fields or None,
+     prompt_logprobs or None (sent when it grew), completions)
+with one tuple per completion:
+    (start, new_token_ids, text, cumulative_logprob, new_logprobs or None, finish_reason,
+     stop_reason)
+where ``start`` is how many of its token ids the client already has.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_volta.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+class OutputEncoder:
+    """Core side: what each request's client already holds."""
+
+    def __init__(self) -> None:
+        # request id -> (token ids sent per completion, prompt logprobs entries sent)
+        self._sent: dict[str, tuple[list[int], int]] = {}
+
+    def encode(self, outputs: list[RequestOutput]) -> list[tuple]:
+        wire = []
+        for out in outputs:
+            sent = self._sent.get(out.request_id)
+            if sent is None:
+                sent = self._sent[out.request_id] = ([0] * len(out.outputs), 0)
+            counts, prompt_sent = sent
+            completions = []
+            for i, c in enumerate(out.outputs):
+                start = counts[i] if len(c.token_ids) >= counts[i] else 0
+                counts[i] = len(c.token_ids)
+                completions.append((start, c.token_ids[start:], c.text, c.cumulative_logprob,
+                                    None if c.logprobs is None else c.logprobs[start:],
+                                    c.finish_reason, c.stop_reason))
+            prompt_logprobs = None
+            if out.prompt_logprobs is not None and len(out.prompt_logprobs) != prompt_sent:
+                prompt_logprobs = out.prompt_logprobs
+                self._sent[out.request_id] = (counts, len(prompt_logprobs))
+            metrics = None if out.metrics is None else tuple(vars(out.metrics).values())
+            wire.append((out.request_id, out.finished, out.error, out.num_cached_tokens,
+                         metrics, prompt_logprobs, completions))
+            if out.finished:
+                del self._sent[out.request_id]
+        return wire
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Aborted requests."""
+        for rid in request_ids:
+            self._sent.pop(rid, None)
+
+
+class _RequestState:
+    __slots__ = ("token_ids", "logprobs", "completions", "prompt_logprobs", "fields")
+
+    def __init__(self, n: int) -> None:
+        self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[Any] | None] = [None] * n
+        self.completions: list[tuple] = []
+        self.prompt_logprobs: list[Any] | None = None
+        self.fields: tuple = ()
+
+
+class OutputDecoder:
+    """Client side: applies wire items in order, then builds each touched request's newest
+    cumulative RequestOutput once."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, _RequestState] = {}
+
+    def apply(self, wire: list[tuple], touched: dict[str, _RequestState]) -> None:
+        """Apply one step's items; ``touched`` collects the requests they advanced."""
+        for rid, finished, error, num_cached, metrics, prompt_logprobs, completions in wire:
+            state = self._states.get(rid)
+            if state is None:
+                state = self._states[rid] = _RequestState(len(completions))
+            for i, (start, new_ids, _, _, new_logprobs, _, _) in enumerate(completions):
+                ids = state.token_ids[i]
+                del ids[start:]
+                ids.extend(new_ids)
+                if new_logprobs is not None:
+                    logprobs = state.logprobs[i] = state.logprobs[i] or []
+                    del logprobs[start:]
+                    logprobs.extend(new_logprobs)
+            state.completions = completions
+            if prompt_logprobs is not None:
+                state.prompt_logprobs = prompt_logprobs
+            state.fields = (finished, error, num_cached, metrics)
+            touched[rid] = state
+            if finished:
+                del self._states[rid]
+
+    @staticmethod
+    def build(rid: str, state: _RequestState) -> RequestOutput:
+        """The request's cumulative output (prompt fields left None for the caller)."""
+        finished, error, num_cached, metrics = state.fields
+        outputs = [
+            CompletionOutput(index=i, text=text, token_ids=list(state.token_ids[i]),
+                             cumulative_logprob=cumulative_logprob,
+                             logprobs=_copy(state.logprobs[i]),
+                             finish_reason=finish_reason, stop_reason=stop_reason)
+            for i, (_, _, text, cumulative_logprob, _, finish_reason, stop_reason)
+            in enumerate(state.completions)]
+        return RequestOutput(
+            request_id=rid, prompt=None, prompt_token_ids=None,
+            prompt_logprobs=_copy(state.prompt_logprobs),
+            outputs=outputs, finished=finished,
+            metrics=None if metrics is None else RequestMetrics(*metrics),
+            error=error, num_cached_tokens=num_cached)
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Aborted requests."""
+        for rid in request_ids:
+            self._states.pop(rid, None)
+
+
+def _copy(items: list[Any] | None) -> list[Any] | None:
+    return None if items is None else list(items)
