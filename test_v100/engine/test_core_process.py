@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
+import transformers
 
 from test_v100.entrypoints.openai.utils import build_tiny_llama
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_model_dir
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError, RequestError
 from vllm_volta.sampling_params import SamplingParams
@@ -72,20 +75,42 @@ def test_bad_request_fails_alone_and_abort_frees(core_llm):
     assert not core_llm.engine.has_unfinished_requests()
 
 
+class ParamsTheCoreRejects(SamplingParams):
+    """Passes the client's checks; the core's add_request fails on it (clone raises)."""
+
+    def clone(self):
+        raise ValueError("no room for this one")
+
+
 def test_a_failed_add_in_the_core_fails_that_request_alone(core_llm):
-    # The client checks requests before sending them, so this answer is rare (the core failing
-    # an add it accepted); it is injected here, as the pipe would deliver it.
     async def main():
-        doomed = await core_llm.add_request("doomed", [4, 5], SamplingParams(max_tokens=50,
-                                                                              ignore_eos=True))
-        core_llm.engine._steps.append(("add_failed", "doomed", "ValueError: no room"))
-        with pytest.raises(RequestError, match="no room"):
+        doomed = await core_llm.add_request("doomed", [4, 5], ParamsTheCoreRejects(max_tokens=5))
+        with pytest.raises(RequestError, match="no room for this one"):
             async for _ in doomed:
                 pass
         return await _run(core_llm, [[2, 3]], max_tokens=3)
 
     (outs,) = asyncio.run(main())
     assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
+    assert not core_llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
+def test_tensor_parallel_workers_start_from_the_engine_process(tmp_path_factory):
+    """The core process starts the rank processes itself (so it cannot be a daemon)."""
+    path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
+    prompts = random_prompts(3, 3, 20, seed=2)
+    common = dict(model=str(path), skip_tokenizer_init=True, cpu_kvcache_space=0.01,
+                  dtype="float32")
+    tp2 = AsyncLLM.from_engine_args(EngineArgs(tensor_parallel_size=2, **common),
+                                    engine_process=True)
+    try:
+        got = asyncio.run(_run(tp2, prompts))
+    finally:
+        tp2.shutdown()
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert [outs[-1].outputs[0].token_ids for outs in got] == [
+        hf_greedy(hf_model, prompt, 8) for prompt in prompts]
 
 
 def test_startup_failure_is_reported(tmp_path):

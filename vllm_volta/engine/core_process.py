@@ -10,7 +10,7 @@ the event loop and the light client side.
 Protocol over one duplex pipe (pickled tuples):
     core -> client  ("ready", model_config, tokenizer) | ("failed", message)
                     ("step", outputs, stats) | ("step_error", message)
-                    ("add_failed", request_id, message)
+                    ("add_failed", request_id, message) | ("aborted", stats)
     client -> core  ("add", request_id, prompt_token_ids, params) | ("abort", request_ids)
                     | ("shutdown",)
 The client checks and tokenizes a request itself (InputProcessor), so bad input fails at once
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import weakref
 from typing import Any
 
 from vllm_volta.engine.core_outputs import OutputDecoder, OutputEncoder
@@ -63,6 +64,7 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                 elif cmd[0] == "abort":
                     engine.abort_request(cmd[1])
                     encoder.forget(cmd[1])
+                    conn.send(("aborted", engine.get_stats()))
             try:
                 outputs = engine.step()
             except Exception as exc:
@@ -84,10 +86,14 @@ class EngineCoreClient:
     def __init__(self, engine_args: Any, *, startup_timeout: float = 3600.0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        # Not a daemon: with tensor parallelism it starts the rank processes itself. It stops on
+        # shutdown(), when this object is collected or the interpreter exits (the finalizer),
+        # and by itself when the pipe breaks (this process died).
         self._proc = ctx.Process(target=_core_main, args=(engine_args, child),
-                                 name="vllm-volta-engine-core", daemon=True)
+                                 name="vllm-volta-engine-core")
         self._proc.start()
         child.close()
+        self._finalizer = weakref.finalize(self, _stop_core, self._proc, self._conn)
         self._steps: collections.deque = collections.deque()  # step messages read early
         # In flight: request id -> (prompt text, prompt token ids), put back on its outputs.
         self._prompts: dict[str, tuple[str | None, list[int]]] = {}
@@ -95,7 +101,7 @@ class EngineCoreClient:
         self._stats: Any = None
         msg = self._recv(startup_timeout)
         if msg[0] == "failed":
-            self._proc.join(10)
+            self._finalizer()
             raise RuntimeError(f"engine core failed to start: {msg[1]}")
         _, self.model_config, self._tokenizer = msg
         self._inputs = InputProcessor(self.model_config, self._tokenizer)
@@ -105,10 +111,13 @@ class EngineCoreClient:
         try:
             if timeout is not None and not self._conn.poll(timeout):
                 raise EngineCoreDied(f"no answer from the engine core in {timeout:.0f} s")
-            return self._conn.recv()
+            msg = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise EngineCoreDied(f"the engine core process is gone (exit code "
                                  f"{self._proc.exitcode})") from exc
+        if msg[0] in ("step", "aborted"):  # the newest stats are the last ones received
+            self._stats = msg[-1]
+        return msg
 
     def _send(self, msg: tuple) -> None:
         try:
@@ -139,6 +148,10 @@ class EngineCoreClient:
             self._prompts.pop(rid, None)
         self._decoder.forget(ids)
         self._send(("abort", ids))
+        # Wait for the core's answer (after its current step at most), so the stats read
+        # next show the freed blocks, as with the engine in this process.
+        while (msg := self._recv())[0] != "aborted":
+            self._steps.append(msg)
 
     def _next_step_message(self, block: bool) -> tuple | None:
         if self._steps:
@@ -161,7 +174,6 @@ class EngineCoreClient:
                 raise RuntimeError(msg[1])
             if msg[0] == "step":
                 self._decoder.apply(msg[1], touched)
-                self._stats = msg[2]
             elif msg[0] == "add_failed":
                 _, request_id, error = msg
                 touched[request_id] = RequestOutput(request_id, None, None, None, [],
@@ -179,14 +191,19 @@ class EngineCoreClient:
             live.append(out)
         return live
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        if self._proc.is_alive():
-            try:
-                self._conn.send(("shutdown",))
-            except (BrokenPipeError, OSError):
-                pass
-            self._proc.join(timeout)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        self._conn.close()
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _stop_core(proc: Any, conn: Any, timeout: float = 30.0) -> None:
+    """Ask the core to stop; kill it when it does not within ``timeout`` seconds."""
+    if proc.is_alive():
+        try:
+            conn.send(("shutdown",))
+        except (BrokenPipeError, OSError):
+            pass
+        proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    conn.close()

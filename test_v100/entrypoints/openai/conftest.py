@@ -32,9 +32,12 @@ def hf_reference(tiny_model: str):
     return tok, model
 
 
-@pytest.fixture(scope="session")
-def server(tiny_model: str):
-    with RemoteServer(["--model", tiny_model, *SERVER_ARGS]) as srv:
+@pytest.fixture(scope="session", params=["--no-engine-process", "--engine-process"],
+                ids=["in-process", "engine-process"])
+def server(tiny_model: str, request: pytest.FixtureRequest):
+    """The server with the engine in its process (the CPU default) and in a process of its
+    own (the GPU default): every endpoint test runs against both."""
+    with RemoteServer(["--model", tiny_model, *SERVER_ARGS, request.param]) as srv:
         yield srv
 
 

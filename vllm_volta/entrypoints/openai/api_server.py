@@ -149,13 +149,31 @@ def http_stack() -> tuple[str, str]:
     return loop, http
 
 
+def engine_process_choice(flag: bool | None, device: str) -> tuple[bool, str]:
+    """Whether the engine core runs in a process of its own, and why: --[no-]engine-process,
+    else on with a GPU, where the server is host-bound at many streams (256 streams on an
+    H200: 12.1k in the server's process, 20.6k tok/s in its own; docs/PERFORMANCE_HISTORY.md)."""
+    if flag is not None:
+        return flag, "--engine-process" if flag else "--no-engine-process"
+    if device == "cuda":
+        return True, "default with a GPU: the engine's host work and the HTTP event loop " \
+                     "then do not share one interpreter lock"
+    return False, "default on CPU, where the forward pass, not the host, is the limit"
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Load the model, start the engine loop and serve until interrupted."""
     import uvicorn
 
+    from vllm_volta.config import DeviceConfig
+
     load_chat_template(args.chat_template)  # fail fast, before loading the model
-    engine = AsyncLLM.from_engine_args(build_engine_args(args),
-                                       engine_process=getattr(args, "engine_process", False))
+    engine_args = build_engine_args(args)
+    own_process, why = engine_process_choice(args.engine_process,
+                                             DeviceConfig(engine_args.device).device)
+    logger.info("Engine core %s (%s)", "in a process of its own" if own_process
+                else "in the server process", why)
+    engine = AsyncLLM.from_engine_args(engine_args, engine_process=own_process)
     app = build_app(engine, args)
     host = args.host or "0.0.0.0"
     loop, http = http_stack()

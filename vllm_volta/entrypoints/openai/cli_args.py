@@ -25,9 +25,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="Chat template: a file path or the Jinja template inline.")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
-    group.add_argument("--engine-process", action="store_true",
-                       help="Run the engine in a process of its own (its host work then does "
-                            "not share the interpreter lock with the HTTP event loop).")
+    group.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                       help="Run the engine core in a process of its own, so that its host work "
+                            "(scheduling, launches, outputs) does not share the interpreter "
+                            "lock with the HTTP event loop. Default: on with a GPU, off on CPU "
+                            "(where the forward pass, not the host, is the limit).")
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
     return parser
 
