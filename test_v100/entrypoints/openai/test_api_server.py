@@ -12,6 +12,7 @@ import pytest
 
 from test_v100.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL_NAME, SERVER_ARGS
 from test_v100.entrypoints.openai.utils import RemoteServer, metric
+from vllm_volta.entrypoints.openai.api_server import engine_process_choice
 
 CUSTOM_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
                    "{% if add_generation_prompt %}[assistant] {% endif %}")
@@ -189,29 +190,21 @@ def test_http_stack_uses_uvloop_and_httptools_where_installed(server, monkeypatc
     assert api_server.http_stack() == ("asyncio", "h11")
 
 
-@pytest.fixture(scope="module")
-def core_server(tiny_model):
-    from test_v100.entrypoints.openai.conftest import SERVER_ARGS as args
-
-    with RemoteServer(["--model", tiny_model, *args, "--engine-process"]) as srv:
-        yield srv
-
-
-def test_engine_process_serves_the_same_tokens(server, core_server):
-    """--engine-process: the engine in a process of its own gives the same greedy text,
-    streamed and not, and its stats reach /metrics."""
-
-    def complete(srv, stream: bool) -> str:
-        kwargs = dict(model=MODEL_NAME, prompt="Hello engine core", max_tokens=12,
-                      temperature=0.0, extra_body={"ignore_eos": True})
-        client = srv.client()
-        if not stream:
-            return client.completions.create(**kwargs).choices[0].text
-        return "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True)
-                       if c.choices)
-
-    for stream in (False, True):
-        assert complete(core_server, stream) == complete(server, stream)
-    assert "Engine core running in process" in core_server.log(100_000)
-    page = httpx.get(core_server.url + "/metrics", timeout=10).text
+def test_server_logs_where_the_engine_runs(server):
+    """Both server kinds of the fixture: the log names where the engine core runs and why,
+    and the engine's stats reach /metrics (from the core process too)."""
+    log = server.log(100_000)
+    if "--engine-process" in server.args:
+        assert "Engine core in a process of its own (--engine-process)" in log
+        assert "Engine core running in process" in log
+    else:
+        assert "Engine core in the server process (--no-engine-process)" in log
+    page = httpx.get(server.url + "/metrics", timeout=10).text
     assert metric(page, "vllm:num_kv_cache_blocks_total") > 0
+
+
+def test_engine_process_default_follows_the_device():
+    assert engine_process_choice(None, "cuda")[0] is True
+    assert engine_process_choice(None, "cpu")[0] is False
+    assert engine_process_choice(False, "cuda") == (False, "--no-engine-process")
+    assert engine_process_choice(True, "cpu") == (True, "--engine-process")

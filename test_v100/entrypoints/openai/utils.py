@@ -71,6 +71,7 @@ class RemoteServer:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
                  startup_timeout: float = 240.0, launcher: list[str] | None = None) -> None:
+        self.args = list(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm_volta_server_{self.port}.log"
