@@ -85,8 +85,8 @@ do_serving() {
 
 do_serving_load() {
   # The server at 256 concurrent streams against the engine alone at the same batch (README_v100
-  # section 5: host-bound), both modes; same flags and requests on both sides. SERVER_FLAG, if
-  # set, is one more flag for the server (e.g. SERVER_FLAG=--engine-process).
+  # section 5), both modes; same flags and requests on both sides. SERVER_FLAG, if set, is one
+  # more flag for the server (e.g. SERVER_FLAG=--no-engine-process: the engine in its process).
   local flags=(--config qwen2.5-1.5b --dtype half --max-model-len 1024 --max-num-seqs 256
     --async-scheduling --num-prompts 1024 --input-len 512 --output-len 128)
   for mode in native volta; do
