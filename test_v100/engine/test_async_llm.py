@@ -136,13 +136,19 @@ def test_closing_the_stream_aborts_and_frees_blocks(llm):
     assert stats.num_running == 0
 
 
+async def running_task(llm: AsyncLLM, params, request_id) -> asyncio.Task:
+    """A task generating from "Hello", once the engine runs it."""
+    task = asyncio.create_task(final_output(llm, "Hello", params, request_id))
+    while llm.get_stats().num_running == 0:
+        await asyncio.sleep(0.005)
+    return task
+
+
 def test_cancelled_consumer_aborts(llm):
     async_llm, _ = llm
 
     async def main():
-        task = asyncio.create_task(final_output(async_llm, "Hello", greedy(100), "cancel-me"))
-        while async_llm.get_stats().num_running == 0:
-            await asyncio.sleep(0.005)
+        task = await running_task(async_llm, greedy(100), "cancel-me")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -156,9 +162,7 @@ def test_add_cancelled_before_the_engine_answers_leaves_nothing_behind(llm):
     async_llm, flaky = llm
 
     async def main():
-        running = asyncio.create_task(final_output(async_llm, "Hello", greedy(8), "running"))
-        while async_llm.get_stats().num_running == 0:
-            await asyncio.sleep(0.005)
+        running = await running_task(async_llm, greedy(8), "running")
         flaky.gate.clear()  # the engine thread stops in its next step: adds wait for it
         await asyncio.sleep(0.05)
         add = asyncio.create_task(async_llm.add_request("given-up", "Hi", greedy(50)))
