@@ -13,7 +13,7 @@ import pytest
 
 from test_v100.entrypoints.openai.utils import build_tiny_llama, hf_greedy
 from vllm_volta.engine.arg_utils import EngineArgs
-from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError
+from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError, RequestStream
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.sampling_params import SamplingParams
 
@@ -309,3 +309,47 @@ def test_a_consumer_behind_the_engine_gets_the_newest_output():
     finally:
         async_llm.shutdown()
     assert seen == [True]
+
+
+class TimingRecorder:
+    def __init__(self) -> None:
+        self.first, self.gaps, self.ends = [], [], []
+
+    def on_first_token(self, ttft_s):
+        self.first.append(ttft_s)
+
+    def on_tokens(self, inter_token_s):
+        self.gaps.append(inter_token_s)
+
+    def on_finished(self, e2e_s, finish_reason):
+        self.ends.append((e2e_s, finish_reason))
+
+
+def _outputs(*lengths: int, finished: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(finished=finished, outputs=[
+        SimpleNamespace(token_ids=[7] * n, finish_reason="length" if finished else None)
+        for n in lengths])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_timing_has_one_gap_per_token_when_an_output_brings_several(n):
+    # An engine core process that ran ahead hands over several steps' tokens at once: the wait
+    # goes to the first new token, 0 to the others (what the stream's consumer sees), and n
+    # sequences stepping together count one gap per step, not per sequence.
+    rec = TimingRecorder()
+    llm = AsyncLLM(FanOutEngine(steps=1), stat_loggers=[rec])
+
+    async def main():
+        stream = RequestStream(llm, "r")
+        t0 = stream.arrival
+        for lengths, finished, at in (((2,) * n, False, 1.0), ((2,) * n, False, 1.5),
+                                      ((3,) * n, False, 2.0), ((6,) * n, True, 4.0)):
+            llm._record_timing(stream, _outputs(*lengths, finished=finished), t0 + at)
+
+    try:
+        asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert rec.first == [1.0]
+    assert rec.gaps == pytest.approx([0.0, 1.0, 2.0, 0.0, 0.0])
+    assert rec.ends == [(pytest.approx(4.0), "length")]

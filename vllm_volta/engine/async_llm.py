@@ -27,7 +27,7 @@ class StatLogger(Protocol):
 
     def on_first_token(self, ttft_s: float) -> None: ...
 
-    def on_tokens(self, inter_token_s: float, num_tokens: int) -> None: ...
+    def on_tokens(self, inter_token_s: float) -> None: ...  # once per token after the first
 
     def on_finished(self, e2e_s: float, finish_reason: str | None) -> None: ...
 
@@ -56,7 +56,7 @@ class RequestStream:
         self._done = False
         # Timing, written by the engine thread only.
         self.arrival = time.monotonic()
-        self.num_tokens = 0
+        self.num_tokens = 0  # of its longest sequence (one token per step)
         self.last_token_time = 0.0
 
     def __aiter__(self) -> RequestStream:
@@ -311,15 +311,22 @@ class AsyncLLM:
         _deliver(delivered)
 
     def _record_timing(self, state: RequestStream, out: Any, now: float) -> None:
+        """TTFT, one inter-token gap per token after the first (the longest sequence's, one
+        token per step) and e2e, as the stream's consumer sees them: an output that brings
+        several tokens at once (steps merged by an engine core process that ran ahead) gives
+        the wait before it to its first new token and 0 to the others."""
         if not self.stat_loggers:
             return
-        num_tokens = sum(len(c.token_ids) for c in out.outputs)
+        num_tokens = max((len(c.token_ids) for c in out.outputs), default=0)
         new = num_tokens - state.num_tokens
         for stat in self.stat_loggers:
-            if new > 0 and state.num_tokens == 0:
-                stat.on_first_token(now - state.arrival)
-            elif new > 0:
-                stat.on_tokens(now - state.last_token_time, new)
+            if new > 0:
+                if state.num_tokens == 0:
+                    stat.on_first_token(now - state.arrival)
+                else:
+                    stat.on_tokens(now - state.last_token_time)
+                for _ in range(new - 1):
+                    stat.on_tokens(0.0)
             if out.finished:
                 reason = out.outputs[0].finish_reason if out.outputs else None
                 stat.on_finished(now - state.arrival, reason)

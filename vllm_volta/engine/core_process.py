@@ -8,7 +8,7 @@ has requests and sends each step's outputs back over a pipe; the server process 
 the event loop and the light client side.
 
 Protocol over one duplex pipe (pickled tuples):
-    core -> client  ("ready", model_config, tokenizer) | ("failed", message)
+    core -> client  ("ready", model_config, tokenizer, stats) | ("failed", message)
                     ("step", outputs, stats) | ("step_error", message)
                     ("add_failed", request_id, message) | ("aborted", stats)
     client -> core  ("add", request_id, prompt_token_ids, params) | ("abort", request_ids)
@@ -46,7 +46,7 @@ def _core_main(engine_args: Any, conn: Any) -> None:
     except BaseException as exc:  # startup errors go back to the server
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", engine.model_config, engine.get_tokenizer()))
+    conn.send(("ready", engine.model_config, engine.get_tokenizer(), engine.get_stats()))
     encoder = OutputEncoder()
     try:
         while True:
@@ -103,7 +103,7 @@ class EngineCoreClient:
         if msg[0] == "failed":
             self._finalizer()
             raise RuntimeError(f"engine core failed to start: {msg[1]}")
-        _, self.model_config, self._tokenizer = msg
+        _, self.model_config, self._tokenizer, self._stats = msg
         self._inputs = InputProcessor(self.model_config, self._tokenizer)
         logger.info("Engine core running in process %d", self._proc.pid)
 

@@ -24,7 +24,7 @@ def test_render_parses_as_prometheus():
     m = ServerMetrics('odd "name"\\x')
     for v in (0.003, 0.003, 0.5, 99999.0):
         m.on_first_token(v)
-    m.on_tokens(0.02, 1)
+    m.on_tokens(0.02)
     m.on_finished(1.2, "length")
     m.on_finished(0.4, "stop")
     families = {f.name: f for f in parser.text_string_to_metric_families(m.render(_stats()))}

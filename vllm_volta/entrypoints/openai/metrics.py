@@ -89,7 +89,7 @@ class ServerMetrics:
     def on_first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
 
-    def on_tokens(self, inter_token_s: float, num_tokens: int) -> None:
+    def on_tokens(self, inter_token_s: float) -> None:
         self.itl.observe(inter_token_s)
 
     def on_finished(self, e2e_s: float, finish_reason: str | None) -> None:
