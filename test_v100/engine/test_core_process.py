@@ -4,6 +4,9 @@ request, startup failures and a dead core reported."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -135,3 +138,44 @@ def test_a_dead_core_fails_the_requests_in_flight(engine_args):
         asyncio.run(main())
     finally:
         llm.shutdown()
+
+
+_SERVER_THAT_DIES = """
+import sys
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.async_llm import AsyncLLM
+llm = AsyncLLM.from_engine_args(EngineArgs(model=sys.argv[1], max_model_len=64,
+                                           cpu_kvcache_space=0.01), engine_process=True)
+print("core pid", llm.engine._proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_core_exits_when_its_server_is_killed(tmp_path_factory):
+    """The core is not a daemon (tensor-parallel ranks are its children), so it must leave by
+    itself when the server process dies without shutting it down: its pipe breaks."""
+    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_orphan"))
+    server = subprocess.Popen([sys.executable, "-c", _SERVER_THAT_DIES, str(model_dir)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("core pid"):
+            line = server.stdout.readline()
+            assert line, "the server exited before its core started"
+        core_pid = int(line.split()[-1])
+        assert _alive(core_pid)
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 30
+    while _alive(core_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(core_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
