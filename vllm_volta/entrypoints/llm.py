@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_volta.engine.arg_utils import EngineArgs
-from vllm_volta.engine.llm_engine import LLMEngine, PromptInput
+from vllm_volta.engine.input_processor import PromptInput
+from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.outputs import CompletionOutput, RequestOutput
 from vllm_volta.sampling_params import SamplingParams
 
