@@ -35,6 +35,9 @@ REQUESTS = {
 }
 
 
+LIVE = {*REQUESTS, "a"}  # the requests in flight (none was aborted)
+
+
 def _without_prompt(out: RequestOutput) -> RequestOutput:
     return dataclasses.replace(out, prompt=None, prompt_token_ids=None)
 
@@ -59,7 +62,7 @@ def test_every_step_rebuilds_the_engines_cumulative_output(engine):
         seen_deltas += sum(len(c[1]) < len(o.outputs[i].token_ids)
                            for item, o in zip(wire, outputs) for i, c in enumerate(item[6]))
         touched: dict = {}
-        decoder.apply(wire, touched)
+        decoder.apply(wire, touched, LIVE)
         rebuilt = [decoder.build(rid, state) for rid, state in touched.items()]
         assert rebuilt == [_without_prompt(o) for o in outputs]
     assert seen_deltas > 0  # later outputs carried only their new tokens
@@ -75,7 +78,7 @@ def test_coalesced_steps_give_the_newest_output(engine):
     touched: dict = {}
     newest: dict[str, RequestOutput] = {}
     for outputs in steps[:-1]:  # the client falls behind: all but the last step at once
-        decoder.apply(encoder.encode(outputs), touched)
+        decoder.apply(encoder.encode(outputs), touched, LIVE)
         newest.update((o.request_id, o) for o in outputs)
     rebuilt = {rid: decoder.build(rid, state) for rid, state in touched.items()}
     assert rebuilt == {rid: _without_prompt(o) for rid, o in newest.items()}
@@ -91,10 +94,19 @@ def test_a_shorter_history_is_sent_whole_and_aborts_are_forgotten():
     for out in (_output("a", [1, 2, 3], "abc"), _output("a", [1, 2], "ab"),
                 _output("a", [1, 2, 7, 8], "abgh")):
         touched: dict = {}
-        decoder.apply(encoder.encode([out]), touched)
+        decoder.apply(encoder.encode([out]), touched, LIVE)
         assert decoder.build("a", touched["a"]) == out
     encoder.forget(["a"])
     decoder.forget(["a"])
     touched = {}
-    decoder.apply(encoder.encode([_output("a", [5], "e", finished=True)]), touched)
+    decoder.apply(encoder.encode([_output("a", [5], "e", finished=True)]), touched, LIVE)
     assert decoder.build("a", touched["a"]).outputs[0].token_ids == [5]
+
+
+def test_outputs_of_a_request_no_longer_in_flight_are_dropped():
+    # An aborted request's outputs may still be on the pipe: they must not bring it back.
+    encoder, decoder = OutputEncoder(), OutputDecoder()
+    touched: dict = {}
+    decoder.apply(encoder.encode([_output("gone", [1, 2], "ab"), _output("kept", [3], "c")]),
+                  touched, live={"kept"})
+    assert list(touched) == ["kept"] and list(decoder._states) == ["kept"]

@@ -65,17 +65,27 @@ def test_bad_request_fails_alone_and_abort_frees(core_llm):
     async def main():
         with pytest.raises(ValueError, match="max_model_len"):
             await core_llm.add_request("too-long", list(range(1, 80)), SamplingParams(max_tokens=4))
-        # Abort after the first output: the stream ends and the core forgets the request.
-        stream = await core_llm.add_request("to-abort", [4, 5, 6],
-                                            SamplingParams(max_tokens=40, ignore_eos=True))
-        first = await stream.__anext__()
-        stream.close()
-        assert not first.finished
+        # Abort after the first output, once alone in the engine (the client waits for the
+        # core's answer) and once beside a running request (the answer comes with its steps).
+        for beside in (None, [7, 8]):
+            running = beside and asyncio.create_task(_run(core_llm, [beside], max_tokens=30))
+            stream = await core_llm.add_request(f"to-abort-{beside}", [4, 5, 6],
+                                                SamplingParams(max_tokens=40, ignore_eos=True))
+            first = await stream.__anext__()
+            stream.close()
+            assert not first.finished
+            if running:
+                (outs,) = await running
+                assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 30
         return await _run(core_llm, [[2, 3]], max_tokens=3)
 
     (outs,) = asyncio.run(main())
     assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 3
-    assert not core_llm.engine.has_unfinished_requests()
+    client = core_llm.engine
+    assert not client.has_unfinished_requests()
+    # Outputs of the aborted request still on the pipe did not bring it back; the abort's
+    # answer came.
+    assert not client._decoder._states and client._aborts_unanswered == 0
 
 
 class ParamsTheCoreRejects(SamplingParams):

@@ -16,6 +16,7 @@ where ``start`` is how many of its token ids the client already has.
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from vllm_volta.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -77,11 +78,15 @@ class OutputDecoder:
     def __init__(self) -> None:
         self._states: dict[str, _RequestState] = {}
 
-    def apply(self, wire: list[tuple], touched: dict[str, _RequestState]) -> None:
-        """Apply one step's items; ``touched`` collects the requests they advanced."""
+    def apply(self, wire: list[tuple], touched: dict[str, _RequestState],
+              live: Container[str]) -> None:
+        """Apply one step's items for the requests in ``live`` (an aborted request's outputs
+        may still be on the pipe); ``touched`` collects the requests they advanced."""
         for rid, finished, error, num_cached, metrics, prompt_logprobs, completions in wire:
             state = self._states.get(rid)
             if state is None:
+                if rid not in live:
+                    continue
                 state = self._states[rid] = _RequestState(len(completions))
             for i, (start, new_ids, _, _, new_logprobs, _, _) in enumerate(completions):
                 ids = state.token_ids[i]

@@ -98,6 +98,7 @@ class EngineCoreClient:
         # In flight: request id -> (prompt text, prompt token ids), put back on its outputs.
         self._prompts: dict[str, tuple[str | None, list[int]]] = {}
         self._decoder = OutputDecoder()
+        self._aborts_unanswered = 0
         self._stats: Any = None
         msg = self._recv(startup_timeout)
         if msg[0] == "failed":
@@ -117,6 +118,8 @@ class EngineCoreClient:
                                  f"{self._proc.exitcode})") from exc
         if msg[0] in ("step", "aborted"):  # the newest stats are the last ones received
             self._stats = msg[-1]
+        if msg[0] == "aborted":
+            self._aborts_unanswered -= 1
         return msg
 
     def _send(self, msg: tuple) -> None:
@@ -148,10 +151,16 @@ class EngineCoreClient:
             self._prompts.pop(rid, None)
         self._decoder.forget(ids)
         self._send(("abort", ids))
-        # Wait for the core's answer (after its current step at most), so the stats read
-        # next show the freed blocks, as with the engine in this process.
-        while (msg := self._recv())[0] != "aborted":
-            self._steps.append(msg)
+        self._aborts_unanswered += 1
+        if not self._prompts:
+            # Nothing left to step, so no step message would bring fresh stats: wait for the
+            # core's answers (after its current step at most), so the stats read next show the
+            # freed blocks, as with the engine in this process. With requests in flight the
+            # answer is read with the next steps, and the abort does not wait.
+            while self._aborts_unanswered:
+                msg = self._recv()
+                if msg[0] != "aborted":
+                    self._steps.append(msg)
 
     def _next_step_message(self, block: bool) -> tuple | None:
         if self._steps:
@@ -173,7 +182,9 @@ class EngineCoreClient:
                     break
                 raise RuntimeError(msg[1])
             if msg[0] == "step":
-                self._decoder.apply(msg[1], touched)
+                self._decoder.apply(msg[1], touched, self._prompts)
+            elif msg[0] == "aborted":
+                pass  # an answer to an earlier abort: its stats were taken on receipt
             elif msg[0] == "add_failed":
                 _, request_id, error = msg
                 touched[request_id] = RequestOutput(request_id, None, None, None, [],
