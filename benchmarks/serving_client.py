@@ -2,8 +2,9 @@
 
 One request = one streamed ``/v1/completions`` call; each server-sent chunk that delivers
 tokens is an arrival (see ``_tokens_in_chunk``: the chunk's ``token_ids``, which the benchmark
-asks for with vLLM's ``return_token_ids``, else one token per chunk with text). TTFT is the time to the first one, ITL the
-gaps between them, TPOT (e2e - TTFT) / (output tokens - 1), as in vLLM's serving benchmark.
+asks for with vLLM's ``return_token_ids``, else one token per chunk with text). TTFT is the
+time to the first one, ITL the gaps between them, TPOT (e2e - TTFT) / (output tokens - 1), as
+in vLLM's serving benchmark.
 """
 from __future__ import annotations
 
