@@ -20,6 +20,8 @@ _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--gpu-memory-utilization", "gpu_memory_utilization", {"type": float, "default": None}),
     ("--enforce-eager", "enforce_eager", {"action": "store_true"}),
     ("--async-scheduling", "async_scheduling", {"action": "store_true"}),
+    ("--cudagraph-mode", "cudagraph_mode", {"default": None,
+                                            "choices": ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"]}),
     ("--cuda-graph-sizes", "cuda_graph_sizes", {"type": int, "nargs": "+", "default": None}),
     ("--tokenizer", "tokenizer", {"default": None}),
 ]

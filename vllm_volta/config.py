@@ -16,6 +16,9 @@ from vllm_volta.logger import init_logger
 logger = init_logger(__name__)
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# vLLM's names: full graphs for pure-decode steps and piecewise graphs (around the attention
+# layers) for the other steps, or the decode graphs alone. enforce_eager turns both off.
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 
 # HF config keys that bound the context length, in vLLM's order of preference.
 _MAX_LEN_KEYS = (
@@ -89,6 +92,7 @@ class ModelConfig:
     served_model_name: str | None = None
     trust_remote_code: bool = False
     enforce_eager: bool = False
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
     # Decode steps whose longest context exceeds this run eagerly (graphs bake the bound in).
     max_seq_len_to_capture: int = 8192
     max_logprobs: int = 20
@@ -100,6 +104,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _require(self.load_format in LOAD_FORMATS, "load_format", f"one of {LOAD_FORMATS}",
                  self.load_format)
+        _require(isinstance(self.cudagraph_mode, str) and self.cudagraph_mode.upper() in CUDAGRAPH_MODES,
+                 "cudagraph_mode", f"one of {CUDAGRAPH_MODES}", self.cudagraph_mode)
+        self.cudagraph_mode = self.cudagraph_mode.upper()
         _require(isinstance(self.max_logprobs, int) and self.max_logprobs >= 0, "max_logprobs",
                  ">= 0", self.max_logprobs)
         _require(isinstance(self.max_seq_len_to_capture, int) and self.max_seq_len_to_capture >= 1,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -55,6 +57,9 @@ class Attention(nn.Module):
         # one that also applies RoPE.
         self._write = getattr(self.impl, "write_to_kv_cache", write_to_kv_cache)
         self._rope_and_write = getattr(self.impl, "rope_and_write_to_kv_cache", None)
+        # Set only while piecewise CUDA graphs are captured (worker/piecewise_graph.py): called
+        # instead of this layer, it cuts the capture at the attention.
+        self.capture_hook: Callable[..., torch.Tensor] | None = None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
@@ -63,6 +68,8 @@ class Attention(nn.Module):
         here so that a backend can do it in the kernel that writes the cache. ``kv_cached``: the
         projection already rotated query/key and wrote key/value to ``kv_cache``
         (decode_gemv.rope_cache_linear); only the attention itself is left."""
+        if self.capture_hook is not None:
+            return self.capture_hook(self, query, key, value, kv_cache, rope, kv_cached)
         if kv_cached:
             return self.impl.forward(query, key, value, kv_cache, attn_metadata)
         slot_mapping = attn_metadata.slot_mapping

@@ -93,7 +93,10 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.sampling_cache = SamplingMetadataCache()
         self._block_tables = BlockTableCache()
-        self.graph_runner = None  # set by the worker when CUDA graphs are captured
+        # Set by the worker when CUDA graphs are captured: pure decode steps, and the pieces
+        # around attention for the other steps.
+        self.graph_runner = None
+        self.piecewise_runner = None
         # Async scheduling: the last step's sampled ids stay on the device, and the next
         # step's PENDING_TOKEN inputs are copied from them (the rows' request ids in order).
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
@@ -207,6 +210,8 @@ class ModelRunner:
     def _forward(self, inp: ModelInput) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
             return self.graph_runner.run(inp)
+        if self.piecewise_runner is not None and self.piecewise_runner.can_run(inp):
+            return self.piecewise_runner.run(inp)
         if inp.replace_ids is not None:
             inp.input_ids.copy_(inp.replace_ids)
         return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata,

@@ -144,6 +144,11 @@ class Worker:
             return
         from vllm_volta.worker.cuda_graph import CudaGraphRunner
         runner.graph_runner = CudaGraphRunner.capture(runner, max_num_seqs)
+        if self.vllm_config.model_config.cudagraph_mode == "FULL_AND_PIECEWISE":
+            from vllm_volta.worker.piecewise_graph import PiecewiseGraphRunner
+            runner.piecewise_runner = PiecewiseGraphRunner.capture(
+                runner, self.vllm_config.scheduler_config.max_num_batched_tokens,
+                runner.graph_runner.pool)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
