@@ -135,7 +135,7 @@ def test_engine_cuda_graphs_match_eager(tmp_path, async_scheduling):
     from test_v100.worker.tiny_models import random_prompts, save_tiny_model
     from vllm_volta import LLM
     # Heads of 64: the CUDA attention backend's smallest head size (the tiny default is 16).
-    save_tiny_model(tmp_path, "llama", hidden_size=256, intermediate_size=512)
+    save_tiny_model(tmp_path, "llama", hidden_size=256, intermediate_size=512, head_dim=64)
     prompts = random_prompts(12, 3, 40, seed=2)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     common = dict(skip_tokenizer_init=True, dtype="float16", gpu_memory_utilization=0.3,

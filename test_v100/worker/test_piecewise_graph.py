@@ -14,7 +14,7 @@ from vllm_volta.worker.piecewise_graph import piecewise_sizes
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Heads of 64: the CUDA attention backend's smallest head size (the tiny default is 16).
-WIDE = dict(hidden_size=256, intermediate_size=512)
+WIDE = dict(hidden_size=256, intermediate_size=512, head_dim=64)
 
 
 def test_piecewise_sizes():
@@ -27,11 +27,12 @@ def test_piecewise_sizes():
                                                640, 768, 896, 1000]
 
 
-def test_cudagraph_mode_is_checked():
+def test_cudagraph_mode_is_checked(tmp_path):
     from vllm_volta.engine.arg_utils import EngineArgs
+    save_tiny_model(tmp_path, "llama")
     with pytest.raises(ValueError, match="cudagraph_mode must be one of .*FULL_DECODE_ONLY"):
-        EngineArgs(cudagraph_mode="PIECEWISE_ONLY").create_engine_config()
-    config = EngineArgs(cudagraph_mode="full_decode_only", device="cpu").create_engine_config()
+        EngineArgs(str(tmp_path), cudagraph_mode="PIECEWISE_ONLY").create_engine_config()
+    config = EngineArgs(str(tmp_path), cudagraph_mode="full_decode_only").create_engine_config()
     assert config.model_config.cudagraph_mode == "FULL_DECODE_ONLY"
 
 
