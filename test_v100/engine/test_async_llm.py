@@ -40,6 +40,7 @@ class FlakyEngine:
         self.armed = False
         self.gate = threading.Event()  # step() waits while it is clear
         self.gate.set()
+        self.blocked = threading.Event()  # set when a step() found the gate clear
         self.added: list[str] = []
 
     def add_request(self, request_id, prompt, params):
@@ -47,6 +48,8 @@ class FlakyEngine:
         self.added.append(request_id)
 
     def step(self):
+        if not self.gate.is_set():
+            self.blocked.set()
         self.gate.wait()
         if self.armed:
             self.armed = False
@@ -162,9 +165,11 @@ def test_add_cancelled_before_the_engine_answers_leaves_nothing_behind(llm):
     async_llm, flaky = llm
 
     async def main():
-        running = await running_task(async_llm, greedy(8), "running")
+        # Long enough to need steps after the gate closes, also where a step takes a millisecond.
+        running = await running_task(async_llm, greedy(110), "running")
         flaky.gate.clear()  # the engine thread stops in its next step: adds wait for it
-        await asyncio.sleep(0.05)
+        while not flaky.blocked.is_set():
+            await asyncio.sleep(0.005)
         add = asyncio.create_task(async_llm.add_request("given-up", "Hi", greedy(50)))
         await asyncio.sleep(0.05)
         assert not add.done()
@@ -176,7 +181,7 @@ def test_add_cancelled_before_the_engine_answers_leaves_nothing_behind(llm):
         return out, await wait_idle(async_llm)
 
     out, stats = asyncio.run(main())
-    assert out.finished and len(out.outputs[0].token_ids) == 8
+    assert out.finished and len(out.outputs[0].token_ids) == 110
     assert "given-up" not in flaky.added  # the engine thread saw the cancel and skipped it
     assert stats.num_running == stats.num_waiting == 0
     assert stats.num_free_blocks == stats.num_total_blocks
