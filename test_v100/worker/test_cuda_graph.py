@@ -142,8 +142,7 @@ def test_engine_cuda_graphs_match_eager(tmp_path, async_scheduling):
                   max_num_seqs=16)
     graph_llm = LLM(str(tmp_path), async_scheduling=async_scheduling, **common)
     runner = graph_llm.llm_engine.executor.worker.model_runner
-    if runner.graph_runner is None:
-        pytest.skip(f"attention backend {runner.attn_backend.name} is not graph-capturable")
+    assert runner.attn_backend.name == "VOLTA_PAGED" and runner.graph_runner is not None
     graph_out = graph_llm.generate(prompts, params, use_tqdm=False)
     assert runner.graph_runner.num_replays > 0
     del graph_llm
