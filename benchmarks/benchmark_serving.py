@@ -63,6 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra flag for the started server (repeatable), e.g. "
                              "--server-arg=--enable-prefix-caching")
+    parser.add_argument("--server-log", default=None,
+                        help="write the started server's log here and keep it (default: a "
+                             "temporary file, removed after a clean run)")
     parser.add_argument("--output-json", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     check_positive(args, "num_prompts", "input_len", "output_len", "max_concurrency",
@@ -164,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = benchmark(args.base_url.rstrip("/"), args)
     else:
         flags = server_flags(engine_kwargs(args)) + list(args.server_arg)
-        with launched_server(args.model, flags, args.server_timeout) as base_url:
+        with launched_server(args.model, flags, args.server_timeout, args.server_log) as base_url:
             result = benchmark(base_url, args)
     result["device"] = device_info()
     result["args"] = vars(args)

@@ -22,6 +22,7 @@ _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--async-scheduling", "async_scheduling", {"action": "store_true"}),
     ("--cudagraph-mode", "cudagraph_mode", {"default": None,
                                             "choices": ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"]}),
+    ("--cudagraph-metrics", "cudagraph_metrics", {"action": "store_true"}),
     ("--cuda-graph-sizes", "cuda_graph_sizes", {"type": int, "nargs": "+", "default": None}),
     ("--tokenizer", "tokenizer", {"default": None}),
 ]

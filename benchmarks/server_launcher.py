@@ -70,14 +70,17 @@ def wait_until_ready(base_url: str, proc: subprocess.Popen, timeout: float,
 
 
 @contextlib.contextmanager
-def launched_server(model: str, flags: list[str], timeout: float) -> Iterator[str]:
-    """Run ``vllm-volta serve model flags...``; yields its base URL, stops it on exit."""
+def launched_server(model: str, flags: list[str], timeout: float, log_path: str | None = None
+                    ) -> Iterator[str]:
+    """Run ``vllm-volta serve model flags...``; yields its base URL, stops it on exit. Its log
+    goes to `log_path` when given (kept), else to a temporary file (kept only after a failure)."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-c", _LAUNCH, "serve", model, "--host", "127.0.0.1",
            "--port", str(port), *flags]
-    with tempfile.NamedTemporaryFile("w", prefix="vllm-volta-serve-", suffix=".log",
-                                     delete=False) as logf:
+    log_file = (open(log_path, "w") if log_path else
+                tempfile.NamedTemporaryFile("w", prefix="vllm-volta-serve-", suffix=".log", delete=False))
+    with log_file as logf:
         log(f"starting server: vllm-volta serve {model} --port {port} {' '.join(flags)} "
             f"(log: {logf.name})")
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
@@ -93,4 +96,5 @@ def launched_server(model: str, flags: list[str], timeout: float) -> Iterator[st
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    os.unlink(logf.name)  # only reached without an error: failures keep their log
+    if not log_path:
+        os.unlink(logf.name)  # only reached without an error: failures keep their log

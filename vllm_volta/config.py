@@ -93,6 +93,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     enforce_eager: bool = False
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    cudagraph_metrics: bool = False  # log how steps ran (worker/cudagraph_metrics.py)
     # Decode steps whose longest context exceeds this run eagerly (graphs bake the bound in).
     max_seq_len_to_capture: int = 8192
     max_logprobs: int = 20

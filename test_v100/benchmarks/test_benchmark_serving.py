@@ -28,11 +28,16 @@ def _tiny_with_tokenizer(folder) -> list[str]:
 @pytest.mark.parametrize("tokenizer", [False, True], ids=["no-tokenizer", "tokenizer"])
 def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
     model = _tiny_with_tokenizer(tmp_path) if tokenizer else ["--config", "tiny-llama"]
+    server_log = tmp_path / "server.log"
+    # Without a tokenizer, the server also logs how its steps ran, and its log is kept.
+    extra = [] if tokenizer else ["--cudagraph-metrics", "--server-log", str(server_log)]
     result = benchmark_serving.main([
         *model, "--max-model-len", "64", "--num-prompts", "5", "--input-len", "7",
         "--output-len", "4", "--ignore-eos", "--request-rate", "50", "--max-concurrency", "3",
-        "--server-timeout", "240"])
+        "--server-timeout", "240", *extra])
     assert json.loads(capsys.readouterr().out) == result
+    if not tokenizer:  # the server took the flag (an unknown one stops it) and kept its log
+        assert "KV cache" in server_log.read_text()
     assert result["completed"] == 5 and result["failed"] == 0, result["errors"]
     assert result["total_input_tokens"] == 5 * 7
     assert result["total_output_tokens"] == 5 * 4

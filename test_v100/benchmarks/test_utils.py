@@ -117,13 +117,16 @@ def test_run_and_emit_prints_one_document(capsys, tmp_path):
 
 def test_engine_kwargs_and_server_flags():
     args = parse_args(["--config", "tiny-llama", "--dtype", "half", "--max-num-seqs", "4",
-                       "--enforce-eager", "--cuda-graph-sizes", "1", "2"])
+                       "--enforce-eager", "--cudagraph-mode", "FULL_DECODE_ONLY",
+                       "--cudagraph-metrics", "--cuda-graph-sizes", "1", "2"])
     kwargs = engine_kwargs(args)
     assert kwargs == {"model": str(utils.CONFIGS_DIR / "tiny-llama"), "load_format": "dummy",
                       "seed": 0, "dtype": "half", "max_num_seqs": 4, "enforce_eager": True,
+                      "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_metrics": True,
                       "cuda_graph_sizes": [1, 2], "skip_tokenizer_init": True}
     assert server_flags(kwargs) == ["--load-format", "dummy", "--seed", "0", "--dtype", "half",
                                     "--max-num-seqs", "4", "--enforce-eager",
+                                    "--cudagraph-mode", "FULL_DECODE_ONLY", "--cudagraph-metrics",
                                     "--cuda-graph-sizes", "1", "2", "--skip-tokenizer-init"]
     real = parse_args(["--model", "some/model"])
     assert real.load_format == "auto" and "skip_tokenizer_init" not in engine_kwargs(real)

@@ -52,14 +52,22 @@ def test_engine_piecewise_graphs_match_eager(tmp_path, arch, async_scheduling):
     save_tiny_model(tmp_path, arch, **WIDE)
     prompts = random_prompts(12, 3, 300, seed=5)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = _llm(tmp_path, async_scheduling=async_scheduling)
+    llm = _llm(tmp_path, async_scheduling=async_scheduling, cudagraph_metrics=True)
     runner = llm.llm_engine.executor.worker.model_runner
+    runner.graph_metrics.interval = float("inf")  # keep every count (a log would reset them)
     assert runner.attn_backend.name == "VOLTA_PAGED"
     pieces = runner.piecewise_runner
     assert pieces.sizes == [8, 16, 32, 64, 128, 192, 256]
     assert all(len(pieces.graphs[s]) == 3 for s in pieces.sizes)  # 2 layers: 3 pieces
     out = llm.generate(prompts, params, use_tqdm=False)
     assert pieces.num_replays > 0 and runner.graph_runner.num_replays > 0
+    steps = {"FULL": 0, "PIECEWISE": 0, "NONE": 0}  # what --cudagraph-metrics counted
+    for (tokens, padded, mode), count in runner.graph_metrics._counts.items():
+        steps[mode] += count
+        assert padded in pieces.sizes if mode == "PIECEWISE" else padded >= tokens
+        assert padded == tokens or mode != "NONE"
+    assert steps["FULL"] == runner.graph_runner.num_replays
+    assert steps["PIECEWISE"] == pieces.num_replays
     del llm
     eager = _llm(tmp_path, enforce_eager=True).generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]

@@ -50,6 +50,8 @@ _HELP = {
     "cudagraph_mode": "FULL_AND_PIECEWISE (CUDA graphs for decode steps, and graphs of the "
                       "pieces between attention layers for steps of up to 2048 tokens with "
                       "prompts) or FULL_DECODE_ONLY",
+    "cudagraph_metrics": "log every 5 s how steps ran: token counts, padded sizes and CUDA "
+                         "graph kind (FULL, PIECEWISE or NONE)",
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
     "max_seq_len_to_capture": "longest context a CUDA-graph decode step may have (else eager)",
     "disable_log_stats": "do not log throughput and KV-cache usage every 5 s",
@@ -89,6 +91,7 @@ class EngineArgs:
     # Execution
     enforce_eager: bool = False
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    cudagraph_metrics: bool = False
     cuda_graph_sizes: list[int] | None = None
     max_seq_len_to_capture: int = 8192
     tensor_parallel_size: int = 1
@@ -117,7 +120,7 @@ class EngineArgs:
             revision=self.revision, tokenizer_revision=self.tokenizer_revision,
             served_model_name=self.served_model_name,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
-            cudagraph_mode=self.cudagraph_mode,
+            cudagraph_mode=self.cudagraph_mode, cudagraph_metrics=self.cudagraph_metrics,
             max_seq_len_to_capture=self.max_seq_len_to_capture,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
         )

@@ -16,6 +16,7 @@ from vllm_volta.sample.metadata_cache import SamplingMetadataCache
 from vllm_volta.sample.sampler import Sampler
 from vllm_volta.sampling_params import SamplingType
 from vllm_volta.worker.block_table import BlockTableCache
+from vllm_volta.worker.cudagraph_metrics import CudagraphMetrics
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
 from vllm_volta.worker.pinned_ids import PinnedIdsPool
 
@@ -97,6 +98,9 @@ class ModelRunner:
         # around attention for the other steps.
         self.graph_runner = None
         self.piecewise_runner = None
+        mc = vllm_config.model_config
+        self.graph_metrics = (CudagraphMetrics("NONE" if mc.enforce_eager else mc.cudagraph_mode)
+                              if mc.cudagraph_metrics and is_driver else None)
         # Async scheduling: the last step's sampled ids stay on the device, and the next
         # step's PENDING_TOKEN inputs are copied from them (the rows' request ids in order).
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
@@ -208,10 +212,17 @@ class ModelRunner:
             inp.input_ids[index[0]] = self._prev_sampled[index[1]]
 
     def _forward(self, inp: ModelInput) -> torch.Tensor:
+        graphs = None
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
-            return self.graph_runner.run(inp)
-        if self.piecewise_runner is not None and self.piecewise_runner.can_run(inp):
-            return self.piecewise_runner.run(inp)
+            graphs, mode = self.graph_runner, "FULL"
+        elif self.piecewise_runner is not None and self.piecewise_runner.can_run(inp):
+            graphs, mode = self.piecewise_runner, "PIECEWISE"
+        if self.graph_metrics is not None:
+            n = inp.num_tokens
+            self.graph_metrics.observe(n, n if graphs is None else graphs.padded_size(n),
+                                       "NONE" if graphs is None else mode)
+        if graphs is not None:
+            return graphs.run(inp)
         if inp.replace_ids is not None:
             inp.input_ids.copy_(inp.replace_ids)
         return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.attn_metadata,
