@@ -87,6 +87,7 @@ do_serving_load() {
   # The server at 256 concurrent streams against the engine alone at the same batch (README_v100
   # section 5), both modes; same flags and requests on both sides. SERVER_FLAG, if set, is one
   # more flag for the server (e.g. SERVER_FLAG=--no-engine-process: the engine in its process).
+  # The server's log (kept) holds its --cudagraph-metrics tables: which steps ran eagerly.
   local flags=(--config qwen2.5-1.5b --dtype half --max-model-len 1024 --max-num-seqs 256
     --async-scheduling --num-prompts 1024 --input-len 512 --output-len 128)
   for mode in native volta; do
@@ -94,7 +95,8 @@ do_serving_load() {
     local engine=(python benchmarks/benchmark_throughput.py "${flags[@]}" --temperature 0
       --output-json "$out/engine_256_$mode.json")
     local server=(python benchmarks/benchmark_serving.py "${flags[@]}" --max-concurrency 256
-      --ignore-eos ${SERVER_FLAG:+--server-arg=$SERVER_FLAG} --output-json "$out/serving_256_$mode.json")
+      --ignore-eos ${SERVER_FLAG:+--server-arg=$SERVER_FLAG} --cudagraph-metrics
+      --server-log "$out/server_256_$mode.log" --output-json "$out/serving_256_$mode.json")
     if [ $mode = volta ]; then
       in_volta "${engine[@]}" >/dev/null; in_volta "${server[@]}" >/dev/null
     else
