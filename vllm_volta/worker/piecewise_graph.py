@@ -12,9 +12,9 @@ static buffer the next graph reads. This is vLLM's piecewise mode (its `FULL_AND
 full graphs for pure decode, pieces for the rest); vLLM cuts the graph with torch.compile, here
 the Attention layers' `capture_hook` cuts the capture.
 
-Why: with many concurrent streams nearly every serving step mixes prompts with decodes, and
-launching each layer's kernels from Python bound the engine core's thread (the H200, 256
-streams: the core's thread 97% busy, 37% of it in the eager forward).
+Why: launching each layer's kernels from Python costs host time in every such step (a serving
+engine's core thread at 256 streams on the H200 spent 37% of its time in the eager forward). On
+the H200 a lone 512-token prompt of the Qwen2.5-1.5B shape took 8.6 ms eagerly, 5.4 ms in pieces.
 
 Every size reads and writes the same static buffers (views of the largest) and allocates from
 the decode graphs' memory pool, captured largest first: what one size's graphs allocate is
