@@ -131,6 +131,18 @@ class DriverGraph:
                "cuGraphLaunch")
 
 
+def new_capture(use_driver: bool, pool: Any = None) -> tuple[Any, Any, Any]:
+    """(graph, the context manager that captures into it, pool): a DriverGraph allocating from
+    ``pool`` (a torch.cuda.MemPool, made when None) or a torch.cuda.CUDAGraph sharing ``pool`` (a
+    graph pool handle; None: the graph's own, ``graph.pool()`` once captured)."""
+    if use_driver:
+        pool = torch.cuda.MemPool() if pool is None else pool
+        graph = DriverGraph()
+        return graph, graph.capture(pool), pool
+    graph = torch.cuda.CUDAGraph()
+    return graph, torch.cuda.graph(graph, pool=pool), pool
+
+
 def capture_graph(work: Callable[[], Any], use_driver: bool, pool: Any = None) -> tuple[Any, Any, Any]:
     """One graph of work()'s launches on the current device: a DriverGraph allocating from
     ``pool`` (a torch.cuda.MemPool, made when None) or a torch.cuda.CUDAGraph sharing ``pool`` (a
@@ -139,13 +151,7 @@ def capture_graph(work: Callable[[], Any], use_driver: bool, pool: Any = None) -
     Returns (graph, work()'s output, the pool a later capture shares)."""
     work()
     torch.cuda.synchronize()
-    if use_driver:
-        pool = torch.cuda.MemPool() if pool is None else pool
-        graph = DriverGraph()
-        with graph.capture(pool):
-            out = work()
-        return graph, out, pool
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    graph, capture, pool = new_capture(use_driver, pool)
+    with capture:
         out = work()
     return graph, out, graph.pool() if pool is None else pool

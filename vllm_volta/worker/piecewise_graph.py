@@ -31,7 +31,7 @@ import torch
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.logger import init_logger
-from vllm_volta.worker.driver_graph import DriverGraph, choose_capture_path
+from vllm_volta.worker.driver_graph import choose_capture_path, new_capture
 
 if TYPE_CHECKING:
     from vllm_volta.worker.inputs import ModelInput
@@ -69,13 +69,7 @@ class _GraphChain:
         self._open: Any = None
 
     def start(self) -> None:
-        if self.use_driver:
-            self.pool = torch.cuda.MemPool() if self.pool is None else self.pool
-            graph = DriverGraph()
-            ctx = graph.capture(self.pool)
-        else:
-            graph = torch.cuda.CUDAGraph()
-            ctx = torch.cuda.graph(graph, pool=self.pool)
+        graph, ctx, self.pool = new_capture(self.use_driver, self.pool)
         ctx.__enter__()
         self._open = (graph, ctx)
 
@@ -89,7 +83,7 @@ class _GraphChain:
             return
         ctx.__exit__(None, None, None)
         self.graphs.append(graph)
-        if not self.use_driver and self.pool is None:
+        if self.pool is None:  # torch's graph: its own pool, shared by the next captures
             self.pool = graph.pool()
 
     def cut(self) -> None:
