@@ -189,3 +189,32 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_the_pipe_writer_sends_in_order_and_reports_a_gone_client():
+    import multiprocessing
+    import pickle
+
+    from vllm_volta.engine.core_process import _PipeWriter
+
+    ours, theirs = multiprocessing.Pipe()
+    writer = _PipeWriter(ours, max_queued=2)  # a full queue makes send() wait
+    sent = [("step", list(range(i)), {"i": i}) for i in range(50)]
+    for msg in sent:
+        writer.send(msg)
+    assert [theirs.recv() for _ in sent] == sent
+    # Pickled when handed over: a later change of the sender's object is not sent.
+    items = [1]
+    writer.send(("step", items))
+    items.append(2)
+    writer.close()
+    assert pickle.loads(theirs.recv_bytes()) == ("step", [1])
+
+    ours, theirs = multiprocessing.Pipe()
+    writer = _PipeWriter(ours)
+    theirs.close()
+    with pytest.raises(BrokenPipeError, match="client is gone"):
+        for _ in range(1000):  # the thread's failed send surfaces on a later call
+            writer.send(("step", [0] * 1000))
+            time.sleep(0.01)
+    writer.close()

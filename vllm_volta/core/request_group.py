@@ -97,11 +97,16 @@ class RequestGroup:
     def fail(self, error: str) -> None:
         self.error = error
 
-    def make_output(self) -> RequestOutput:
-        """The cumulative RequestOutput (vLLM's offline/streaming "cumulative" kind)."""
+    def stamp_finished(self) -> bool:
+        """Whether every sequence finished; the first call that says so stamps the time."""
         finished = self.finished
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
+        return finished
+
+    def make_output(self) -> RequestOutput:
+        """The cumulative RequestOutput (vLLM's offline/streaming "cumulative" kind)."""
+        finished = self.stamp_finished()
         outputs = []
         for index, seq in enumerate(self.seqs):
             req = seq.request

@@ -1,58 +1,69 @@
 """Request outputs on the engine core's pipe: per request, only what is new since its last output.
 
-The engine's RequestOutputs are cumulative (every token id so far). Pickling them whole each
-step costs the core, whose one thread also schedules and launches the steps, time that grows
-with the output length. ``OutputEncoder`` (core side) sends plain tuples with the token ids
-(and logprobs) added since the request's previous output; ``OutputDecoder`` (client side)
-appends them and rebuilds cumulative RequestOutputs, for the newest state of each request only.
+The engine's RequestOutputs are cumulative (every token id and all text so far). Building and
+pickling them whole each step costs the core, whose one thread also schedules and launches the
+steps, time that grows with the output length. In the core, ``OutputEncoder.encode`` is the
+engine's ``output_builder``: it reads each advanced request's state and makes plain tuples with
+the token ids, text and logprobs added since the request's previous output; ``OutputDecoder``
+(client side) appends them and rebuilds cumulative RequestOutputs, for the newest state of each
+request only.
 
 Wire item per request:
     (request_id, finished, error, num_cached_tokens, metrics fields or None,
      prompt_logprobs or None (sent when it grew), completions)
 with one tuple per completion:
-    (start, new_token_ids, text, cumulative_logprob, new_logprobs or None, finish_reason,
+    (start, new_token_ids, new_text, cumulative_logprob, new_logprobs or None, finish_reason,
      stop_reason)
 where ``start`` is how many of its token ids the client already has.
 """
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_volta.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+if TYPE_CHECKING:
+    from vllm_volta.core.request_group import RequestGroup
 
 
 class OutputEncoder:
     """Core side: what each request's client already holds."""
 
     def __init__(self) -> None:
-        # request id -> (token ids sent per completion, prompt logprobs entries sent)
-        self._sent: dict[str, tuple[list[int], int]] = {}
+        # request id -> [token ids sent per completion, prompt logprobs entries sent]
+        self._sent: dict[str, list] = {}
 
-    def encode(self, outputs: list[RequestOutput]) -> list[tuple]:
-        wire = []
-        for out in outputs:
-            sent = self._sent.get(out.request_id)
-            if sent is None:
-                sent = self._sent[out.request_id] = ([0] * len(out.outputs), 0)
-            counts, prompt_sent = sent
-            completions = []
-            for i, c in enumerate(out.outputs):
-                start = counts[i] if len(c.token_ids) >= counts[i] else 0
-                counts[i] = len(c.token_ids)
-                completions.append((start, c.token_ids[start:], c.text, c.cumulative_logprob,
-                                    None if c.logprobs is None else c.logprobs[start:],
-                                    c.finish_reason, c.stop_reason))
-            prompt_logprobs = None
-            if out.prompt_logprobs is not None and len(out.prompt_logprobs) != prompt_sent:
-                prompt_logprobs = out.prompt_logprobs
-                self._sent[out.request_id] = (counts, len(prompt_logprobs))
-            metrics = None if out.metrics is None else tuple(vars(out.metrics).values())
-            wire.append((out.request_id, out.finished, out.error, out.num_cached_tokens,
-                         metrics, prompt_logprobs, completions))
-            if out.finished:
-                del self._sent[out.request_id]
-        return wire
+    def encode(self, group: RequestGroup) -> tuple:
+        """The wire item of a request that advanced this step."""
+        rid = group.request_id
+        finished = group.stamp_finished()
+        sent = self._sent.get(rid)
+        if sent is None:
+            sent = self._sent[rid] = [[0] * len(group.seqs), 0]
+        counts = sent[0]
+        completions = []
+        for i, seq in enumerate(group.seqs):
+            req = seq.request
+            ids = req.output_token_ids
+            start = counts[i] if len(ids) >= counts[i] else 0
+            counts[i] = len(ids)
+            seq_finished = req.is_finished
+            text = (seq.detokenizer.get_next_output_text(seq_finished, delta=True)
+                    if seq.detokenizer is not None else "")
+            completions.append((start, ids[start:], text, seq.cumulative_logprob,
+                                None if seq.logprobs is None else seq.logprobs[start:],
+                                req.get_finish_reason() if seq_finished else None,
+                                req.stop_reason))
+        prompt_logprobs = None
+        if group.prompt_logprobs and len(group.prompt_logprobs) != sent[1]:
+            prompt_logprobs = list(group.prompt_logprobs)
+            sent[1] = len(prompt_logprobs)
+        first = group.seqs[0].request
+        if finished:
+            del self._sent[rid]
+        return (rid, finished, group.error or first.error, max(first.num_cached_tokens, 0),
+                tuple(vars(group.metrics).values()), prompt_logprobs, completions)
 
     def forget(self, request_ids: list[str]) -> None:
         """Aborted requests."""
@@ -61,10 +72,11 @@ class OutputEncoder:
 
 
 class _RequestState:
-    __slots__ = ("token_ids", "logprobs", "completions", "prompt_logprobs", "fields")
+    __slots__ = ("token_ids", "texts", "logprobs", "completions", "prompt_logprobs", "fields")
 
     def __init__(self, n: int) -> None:
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.texts: list[str] = [""] * n
         self.logprobs: list[list[Any] | None] = [None] * n
         self.completions: list[tuple] = []
         self.prompt_logprobs: list[Any] | None = None
@@ -88,7 +100,8 @@ class OutputDecoder:
                 if rid not in live:
                     continue
                 state = self._states[rid] = _RequestState(len(completions))
-            for i, (start, new_ids, _, _, new_logprobs, _, _) in enumerate(completions):
+            for i, (start, new_ids, new_text, _, new_logprobs, _, _) in enumerate(completions):
+                state.texts[i] += new_text
                 ids = state.token_ids[i]
                 del ids[start:]
                 ids.extend(new_ids)
@@ -109,11 +122,11 @@ class OutputDecoder:
         """The request's cumulative output (prompt fields left None for the caller)."""
         finished, error, num_cached, metrics = state.fields
         outputs = [
-            CompletionOutput(index=i, text=text, token_ids=list(state.token_ids[i]),
+            CompletionOutput(index=i, text=state.texts[i], token_ids=list(state.token_ids[i]),
                              cumulative_logprob=cumulative_logprob,
                              logprobs=_copy(state.logprobs[i]),
                              finish_reason=finish_reason, stop_reason=stop_reason)
-            for i, (_, _, text, cumulative_logprob, _, finish_reason, stop_reason)
+            for i, (_, _, _, cumulative_logprob, _, finish_reason, stop_reason)
             in enumerate(state.completions)]
         return RequestOutput(
             request_id=rid, prompt=None, prompt_token_ids=None,

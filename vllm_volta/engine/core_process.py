@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import queue
+import threading
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from vllm_volta.engine.core_outputs import OutputDecoder, OutputEncoder
@@ -37,6 +40,49 @@ class EngineCoreDied(RuntimeError):
     """The engine core process exited or its pipe broke."""
 
 
+class _PipeWriter:
+    """Sends the core's messages from a thread of their own. A send blocks while the client's
+    end of the pipe is full (its process busy with the event loop), and the core's thread
+    should be scheduling and launching the next step instead. Messages are pickled by the
+    caller, in order, so what is sent is the state at the time of the call."""
+
+    def __init__(self, conn: Any, max_queued: int = 256) -> None:
+        self._conn = conn
+        self._queue: queue.Queue = queue.Queue(max_queued)  # full: the caller waits (back-pressure)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="vllm-volta-core-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    def send(self, msg: tuple) -> None:
+        self._put(bytes(ForkingPickler.dumps(msg)))
+
+    def _put(self, item: bytes | None) -> None:
+        while True:  # a full queue waits, unless the thread has stopped on an error
+            if self.error is not None:
+                raise BrokenPipeError(f"the client is gone: {self.error}")
+            try:
+                return self._queue.put(item, timeout=0.1)
+            except queue.Full:
+                pass
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            try:
+                self._conn.send_bytes(data)
+            except BaseException as exc:  # the client went away; the core loop sees .error
+                self.error = exc
+                return
+
+    def close(self) -> None:
+        """Send what is queued, then stop the thread."""
+        try:
+            self._put(None)
+        except BrokenPipeError:
+            pass
+        self._thread.join()
+
+
 def _core_main(engine_args: Any, conn: Any) -> None:
     """Entry point of the engine core process."""
     from vllm_volta.engine.llm_engine import LLMEngine
@@ -48,6 +94,8 @@ def _core_main(engine_args: Any, conn: Any) -> None:
         return
     conn.send(("ready", engine.model_config, engine.get_tokenizer(), engine.get_stats()))
     encoder = OutputEncoder()
+    engine.output_builder = encoder.encode  # steps return wire items, not RequestOutputs
+    writer = _PipeWriter(conn)
     try:
         while True:
             # Idle: wait for a command. Busy: take what arrived, then step.
@@ -60,21 +108,22 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                     try:
                         engine.add_request(request_id, token_ids, params)
                     except Exception as exc:  # the client checked it; fail this request only
-                        conn.send(("add_failed", request_id, f"{type(exc).__name__}: {exc}"))
+                        writer.send(("add_failed", request_id, f"{type(exc).__name__}: {exc}"))
                 elif cmd[0] == "abort":
                     engine.abort_request(cmd[1])
                     encoder.forget(cmd[1])
-                    conn.send(("aborted", engine.get_stats()))
+                    writer.send(("aborted", engine.get_stats()))
             try:
                 outputs = engine.step()
             except Exception as exc:
                 logger.exception("engine step failed")
-                conn.send(("step_error", f"{type(exc).__name__}: {exc}"))
+                writer.send(("step_error", f"{type(exc).__name__}: {exc}"))
                 continue
-            conn.send(("step", encoder.encode(outputs), engine.get_stats()))
+            writer.send(("step", outputs, engine.get_stats()))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the server went away
     finally:
+        writer.close()
         engine.shutdown()
 
 

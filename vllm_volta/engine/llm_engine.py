@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,9 @@ class LLMEngine:
         self.scheduler = Scheduler(vllm_config.scheduler_config, num_blocks, cc.block_size,
                                    cc.enable_prefix_caching)
         self._groups: dict[str, RequestGroup] = {}
+        # What step() reports for a request that advanced: its cumulative RequestOutput by
+        # default; the engine core process reports deltas instead (core_outputs.py).
+        self.output_builder: Callable[[RequestGroup], Any] = RequestGroup.make_output
         self._decode_token = None
         if self.tokenizer is not None:
             from vllm_volta.sample.logprobs import token_decoder
@@ -238,7 +241,7 @@ class LLMEngine:
         for rid, group in touched.items():
             finished = group.finished
             if finished or not finished_only:
-                outputs.append(group.make_output())
+                outputs.append(self.output_builder(group))
             if finished:
                 del groups[rid]
         if self.stat_logger is not None:
