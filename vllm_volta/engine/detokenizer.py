@@ -10,25 +10,37 @@ split across tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from vllm_volta.sampling_params import SamplingParams
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # pragma: no cover - tokenizers < 0.21
+    DecodeStream = None
 
 # Prompt ids kept as left context of the first window (vLLM uses the same 5).
 INITIAL_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
+def _rust_backend(tokenizer) -> Any:
+    """The `tokenizers.Tokenizer` behind a fast tokenizer (or the tokenizer itself), else None."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - tokenizers ships with transformers
+        return None
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else \
+        getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
 def make_decode_fn(tokenizer, skip_special_tokens: bool,
                    spaces_between_special_tokens: bool) -> Callable[[list[int]], str]:
     """ids -> text without clean-up (as vLLM). Fast tokenizers decode through their Rust
     backend directly: same result as tokenizer.decode, without the Python overhead."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:  # pragma: no cover - tokenizers ships with transformers
-        Tokenizer = None
-    backend = tokenizer if Tokenizer is not None and isinstance(tokenizer, Tokenizer) else \
-        getattr(tokenizer, "backend_tokenizer", None)
-    if Tokenizer is not None and isinstance(backend, Tokenizer):
+    backend = _rust_backend(tokenizer)
+    if backend is not None:
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
     return lambda ids: tokenizer.decode(
         ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False,
@@ -67,7 +79,18 @@ class IncrementalDetokenizer:
         self._ids = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids) if self._decode else ""
+        # Fast tokenizers step a DecodeStream (the same windowed decode, in Rust: one call per
+        # token), primed with the context ids; others decode the window here.
+        self._stream = self._backend = None
+        if params.detokenize and DecodeStream is not None:
+            self._backend = _rust_backend(tokenizer)
+        if self._backend is not None:
+            self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+            for token_id in self._ids:
+                self._stream.step(self._backend, token_id)
+            self._prefix_text = None  # decoded when a flush needs it
+        else:
+            self._prefix_text = self._decode(self._ids) if self._decode else ""
         # Stop strings may only end in text produced after min_tokens tokens.
         self._stop_check_floor = 0
         self._flushed = False
@@ -80,6 +103,13 @@ class IncrementalDetokenizer:
 
     def _decode_next(self) -> str:
         """Emit the text completed by the pending ids, or "" while a character is split."""
+        if self._stream is not None:
+            chunk = self._stream.step(self._backend, self._ids[-1])
+            if not chunk:
+                return ""
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return chunk
         new_text = self._decode(self._ids[self._prefix_offset:])
         if len(new_text) <= len(self._prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             return ""
@@ -125,9 +155,14 @@ class IncrementalDetokenizer:
         if self._flushed or self._decode is None or self.stopped:
             return
         self._flushed = True
+        if self._read_offset == len(self._ids):
+            return  # nothing pending
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
         new_text = self._decode(self._ids[self._prefix_offset:])
-        if len(new_text) > len(self._prefix_text):
-            self.output_text += new_text[len(self._prefix_text):]
+        if len(new_text) > len(prefix_text):
+            self.output_text += new_text[len(prefix_text):]
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """The text to report this step: all of it (delta=False) or what is new since the
