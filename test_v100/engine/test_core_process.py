@@ -218,3 +218,12 @@ def test_the_pipe_writer_sends_in_order_and_reports_a_gone_client():
             writer.send(("step", [0] * 1000))
             time.sleep(0.01)
     writer.close()
+
+    # A client that stopped reading (it asked the core to stop) is not waited for.
+    ours, theirs = multiprocessing.Pipe()
+    writer = _PipeWriter(ours, max_queued=2)
+    for _ in range(3):  # more than the socket's buffer: the thread blocks in its send
+        writer.send(("step", [0] * 200_000))
+    start = time.monotonic()
+    writer.close(timeout=0.5)
+    assert time.monotonic() - start < 2.0

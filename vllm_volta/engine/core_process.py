@@ -62,7 +62,8 @@ class _PipeWriter:
             if self.error is not None:
                 raise BrokenPipeError(f"the client is gone: {self.error}")
             try:
-                return self._queue.put(item, timeout=0.1)
+                self._queue.put(item, timeout=0.1)
+                return
             except queue.Full:
                 pass
 
@@ -74,13 +75,16 @@ class _PipeWriter:
                 self.error = exc
                 return
 
-    def close(self) -> None:
-        """Send what is queued, then stop the thread."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then stop the thread. A client that stopped reading (it asked
+        the core to shut down) is not waited for beyond `timeout` (the thread is a daemon)."""
+        if self.error is not None:
+            return
         try:
-            self._put(None)
-        except BrokenPipeError:
-            pass
-        self._thread.join()
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self._thread.join(timeout)
 
 
 def _core_main(engine_args: Any, conn: Any) -> None:
