@@ -25,6 +25,7 @@ import httpx  # noqa: E402
 
 from benchmarks.cli_args import (add_model_args, check_positive, engine_kwargs,  # noqa: E402
                                  finalize_model_args)
+from benchmarks.process_cpu import ServerCpu  # noqa: E402
 from benchmarks.serving_client import (RequestResult, run_in_processes, run_shard,  # noqa: E402
                                        send_completion, serving_metrics, split_shards)
 from benchmarks.server_launcher import launched_server, server_flags  # noqa: E402
@@ -128,7 +129,8 @@ def _run_requests(url: str, payloads: list[dict[str, Any]], probe_payload: dict[
     return run_in_processes(shards)
 
 
-def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+def benchmark(base_url: str, args: argparse.Namespace, server_pid: int | None = None
+              ) -> dict[str, Any]:
     model_name = _served_model(base_url, args.served_model_name)
     vocab_size = _vocab_size(args)
     prompts = random_token_prompts(args.num_prompts, args.input_len, vocab_size, args.seed)
@@ -147,8 +149,12 @@ def benchmark(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     # The probe's prompt is none of the timed ones: the server's prefix cache would keep it.
     probe = {**payloads[0], "max_tokens": 4,
              "prompt": random_token_prompts(1, args.input_len, vocab_size, args.seed + 1)[0]}
+    # The server's CPU time (front end and engine core apart) when this process started it.
+    cpu = ServerCpu(server_pid) if server_pid is not None else None
     results, duration = _run_requests(base_url + args.endpoint, payloads, probe, args, processes)
     metrics = serving_metrics(results, duration, args.metric_percentiles)
+    if cpu is not None:
+        metrics["server_cpu"] = cpu.delta(metrics["total_output_tokens"])
     if metrics["completed"] == 0:
         raise RuntimeError(f"every request failed; first error: {results[0].error}")
     errors = sorted({r.error for r in results if not r.success})
@@ -167,8 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result = benchmark(args.base_url.rstrip("/"), args)
     else:
         flags = server_flags(engine_kwargs(args)) + list(args.server_arg)
-        with launched_server(args.model, flags, args.server_timeout, args.server_log) as base_url:
-            result = benchmark(base_url, args)
+        with launched_server(args.model, flags, args.server_timeout,
+                             args.server_log) as (base_url, pid):
+            result = benchmark(base_url, args, server_pid=pid)
     result["device"] = device_info()
     result["args"] = vars(args)
     return result

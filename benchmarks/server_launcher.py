@@ -71,9 +71,10 @@ def wait_until_ready(base_url: str, proc: subprocess.Popen, timeout: float,
 
 @contextlib.contextmanager
 def launched_server(model: str, flags: list[str], timeout: float, log_path: str | None = None
-                    ) -> Iterator[str]:
-    """Run ``vllm-volta serve model flags...``; yields its base URL, stops it on exit. Its log
-    goes to `log_path` when given (kept), else to a temporary file (kept only after a failure)."""
+                    ) -> Iterator[tuple[str, int]]:
+    """Run ``vllm-volta serve model flags...``; yields its base URL and process id, stops it on
+    exit. Its log goes to `log_path` when given (kept), else to a temporary file (kept only
+    after a failure)."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-c", _LAUNCH, "serve", model, "--host", "127.0.0.1",
@@ -88,7 +89,7 @@ def launched_server(model: str, flags: list[str], timeout: float, log_path: str 
     try:
         wait_until_ready(base_url, proc, timeout, logf.name)
         log(f"server ready at {base_url}")
-        yield base_url
+        yield base_url, proc.pid
     finally:
         proc.terminate()
         try:

@@ -47,6 +47,11 @@ def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
         assert result[f"p99_{metric}_ms"] >= result[f"p50_{metric}_ms"]
     assert result["mean_ttft_ms"] <= result["mean_e2el_ms"]
     assert result["max_concurrency"] == 3 and result["served_model_name"]
+    # The server this run started: its CPU time over the requests (on CPU, the engine runs in
+    # the server's process, so the front end counts it all).
+    assert result["server_cpu"]["frontend_cpu_s"] > 0
+    assert result["server_cpu"]["frontend_cpu_us_per_output_token"] == pytest.approx(
+        result["server_cpu"]["frontend_cpu_s"] / (5 * 4) * 1e6)
 
 
 def test_probe_request_shares_no_prompt_with_the_timed_requests(monkeypatch):
