@@ -12,7 +12,8 @@ engine carries no timing code):
     prepare    ModelRunner._prepare_inputs (flat ids, positions, attention metadata)
     forward    ModelRunner._forward + compute_logits (the model; small with a tiny config)
     sample     ModelRunner._sample (SamplingMetadata, Sampler, device->host of the ids)
-    output     the rest of LLMEngine.step (update_from_output, stop checks, RequestOutputs)
+    output     the rest of LLMEngine.step (update_from_output, stop checks, RequestOutputs;
+               with --core-outputs the engine core's deltas instead, and their pickling)
 
 Prints one JSON document. ``--profile FILE`` also writes cProfile stats of the timed steps.
 """
@@ -25,6 +26,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,8 @@ def run_batch(engine: Any, timer: PhaseTimer, batch_size: int, args: argparse.Na
             profiler.enable()
         t0 = time.perf_counter()
         outputs = engine.step(finished_only=args.finished_only)
+        if args.core_outputs:
+            ForkingPickler.dumps(("step", outputs, engine.get_stats()))
         elapsed = time.perf_counter() - t0
         if decode and profiler is not None:
             profiler.disable()
@@ -124,6 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-finished-only", dest="finished_only", action="store_false",
                         help="build a RequestOutput for every advanced request every step "
                              "(streaming); default: finished ones only (LLM.generate)")
+    parser.add_argument("--core-outputs", action="store_true",
+                        help="report what the server's engine core process sends: per step, "
+                             "each advanced request's delta (core_outputs.py), pickled")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1: tiny ops, no thread wake-up noise)")
     parser.add_argument("--profile", default=None, help="write cProfile stats here")
@@ -132,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("input_len", "output_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.core_outputs and args.finished_only:
+        args.finished_only = False  # the core reports every advanced request
     if min(args.batch_sizes) < 1:
         raise ValueError("--batch-sizes must all be >= 1")
     return args
@@ -141,6 +150,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     torch.set_num_threads(args.threads)
     engine = build_engine(args, max(args.batch_sizes))
+    if args.core_outputs:
+        from vllm_volta.engine.core_outputs import OutputEncoder
+        engine.output_builder = OutputEncoder().encode
     timer = instrument(engine)
     profiler = cProfile.Profile() if args.profile else None
     results = []
@@ -153,7 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"benchmark": "host_overhead", "config": args.config,
             "device": engine.vllm_config.device_config.device,
             "input_len": args.input_len, "output_len": args.output_len,
-            "finished_only": args.finished_only, "results": results}
+            "finished_only": args.finished_only, "core_outputs": args.core_outputs,
+            "results": results}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

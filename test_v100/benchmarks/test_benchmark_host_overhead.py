@@ -27,3 +27,12 @@ def test_async_scheduling_runs_the_overlapped_path(capsys):
     assert r["decode_steps"] == 6
     assert r["num_outputs"] == 3
     assert math.isclose(sum(r["phases_ms_mean"].values()), r["step_ms_mean"], rel_tol=1e-6)
+
+
+def test_core_outputs_report_every_advanced_request(capsys):
+    doc = main(["--batch-sizes", "3", "--input-len", "4", "--output-len", "6", "--core-outputs"])
+    (r,) = doc["results"]
+    assert doc["core_outputs"] and not doc["finished_only"]
+    # Every step reports each of the 3 requests (its delta), not only the finished ones.
+    assert r["num_outputs"] == 3 * 6
+    assert math.isclose(sum(r["phases_ms_mean"].values()), r["step_ms_mean"], rel_tol=1e-6)
