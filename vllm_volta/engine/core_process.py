@@ -55,9 +55,9 @@ class _PipeWriter:
         self._thread.start()
 
     def send(self, msg: tuple) -> None:
-        self._put(bytes(ForkingPickler.dumps(msg)))
+        self._put(ForkingPickler.dumps(msg))
 
-    def _put(self, item: bytes | None) -> None:
+    def _put(self, item: Any) -> None:
         while True:  # a full queue waits, unless the thread has stopped on an error
             if self.error is not None:
                 raise BrokenPipeError(f"the client is gone: {self.error}")
