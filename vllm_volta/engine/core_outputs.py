@@ -37,24 +37,26 @@ class OutputEncoder:
     def encode(self, group: RequestGroup) -> tuple:
         """The wire item of a request that advanced this step."""
         rid = group.request_id
-        finished = group.stamp_finished()
         sent = self._sent.get(rid)
         if sent is None:
             sent = self._sent[rid] = [[0] * len(group.seqs), 0]
         counts = sent[0]
         completions = []
+        finished = True
         for i, seq in enumerate(group.seqs):
             req = seq.request
             ids = req.output_token_ids
             start = counts[i] if len(ids) >= counts[i] else 0
             counts[i] = len(ids)
-            seq_finished = req.is_finished
-            text = (seq.detokenizer.get_next_output_text(seq_finished, delta=True)
+            finish_reason = req.get_finish_reason()  # None while it runs
+            finished = finished and finish_reason is not None
+            text = (seq.detokenizer.get_next_output_text(finish_reason is not None, delta=True)
                     if seq.detokenizer is not None else "")
             completions.append((start, ids[start:], text, seq.cumulative_logprob,
                                 None if seq.logprobs is None else seq.logprobs[start:],
-                                req.get_finish_reason() if seq_finished else None,
-                                req.stop_reason))
+                                finish_reason, req.stop_reason))
+        if finished:
+            group.stamp_finished()
         prompt_logprobs = None
         if group.prompt_logprobs and len(group.prompt_logprobs) != sent[1]:
             prompt_logprobs = list(group.prompt_logprobs)
