@@ -143,13 +143,6 @@ def test_abort_while_a_step_is_in_flight(tiny):
     assert list(final["kept"].outputs[0].token_ids) == reference[0]
 
 
-def test_async_scheduling_needs_one_gpu(tiny):
-    path, _ = tiny["llama"]
-    with pytest.raises(ValueError, match="async_scheduling supports tensor_parallel_size=1"):
-        EngineArgs(model=str(path), async_scheduling=True,
-                   tensor_parallel_size=2).create_engine_config()
-
-
 def test_a_finished_id_reused_by_a_one_token_prompt_gets_its_own_tokens(tiny):
     """Decode rows whose ids match the last step's sampled rows take those sampled ids as
     inputs in one copy; an id that finished and came back as a new request must not."""

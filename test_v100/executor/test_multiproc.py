@@ -35,15 +35,23 @@ def test_slim_schedule_keeps_what_workers_read():
     assert not hasattr(slim.request, "all_token_ids")
 
 
+# With async scheduling the ranks get the driver's sampled ids by a broadcast on the device,
+# and every step launches before the previous one's tokens reach the host.
+ASYNC = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+
+
+@ASYNC
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
-def test_tp2_on_cpu(tmp_path_factory):
-    check_tp2(tmp_path_factory, cpu_kvcache_space=0.01)
+def test_tp2_on_cpu(tmp_path_factory, async_scheduling):
+    check_tp2(tmp_path_factory, cpu_kvcache_space=0.01, async_scheduling=async_scheduling)
 
 
+@ASYNC
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_tp2_on_gpus(tmp_path_factory):
-    check_tp2(tmp_path_factory, dtype="float32", gpu_memory_utilization=0.2)
+def test_tp2_on_gpus(tmp_path_factory, async_scheduling):
+    check_tp2(tmp_path_factory, dtype="float32", gpu_memory_utilization=0.2,
+              async_scheduling=async_scheduling)
 
 
 def check_tp2(tmp_path_factory, **engine_kwargs):

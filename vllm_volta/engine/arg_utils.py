@@ -103,9 +103,6 @@ class EngineArgs:
         """Validate everything and resolve model/hardware-dependent values."""
         # Cheap checks first: a bad parallel size should not wait for a model download.
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
-        if self.async_scheduling and parallel_config.world_size > 1:
-            raise ValueError("async_scheduling supports tensor_parallel_size=1 only, got "
-                             f"tensor_parallel_size={self.tensor_parallel_size}")
         device_config = DeviceConfig(self.device)
         cache_config = CacheConfig(
             block_size=self.block_size,

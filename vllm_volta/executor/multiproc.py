@@ -13,6 +13,7 @@ import pickle
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.engine.gc_policy import freeze_startup_heap, raise_gc_threshold
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.logger import init_logger
-from vllm_volta.worker.model_runner import ModelRunnerOutput
+from vllm_volta.worker.model_runner import ModelRunnerOutput, PendingOutput
 from vllm_volta.worker.worker import Worker
 
 logger = init_logger(__name__)
@@ -83,6 +84,21 @@ def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_metho
             raise_gc_threshold()
             freeze_startup_heap()
         conn.send(("ok", result))
+
+
+class _RanksPending:
+    """A step launched on every rank: the driver's PendingOutput, whose result() also reads
+    the other ranks' answers to the step (in launch order: steps are finished in order)."""
+
+    def __init__(self, driver: PendingOutput, collect: Callable[[], list[Any]]) -> None:
+        self._driver = driver
+        self._collect: Callable[[], list[Any]] | None = collect
+
+    def result(self) -> ModelRunnerOutput:
+        if self._collect is not None:
+            collect, self._collect = self._collect, None
+            collect()
+        return self._driver.result()
 
 
 def _terminate(processes: list, tmpdir: str) -> None:
@@ -152,14 +168,18 @@ class MultiprocExecutor(Executor):
         self._run_all("initialize_cache", num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(scheduler_output).result()
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> _RanksPending:
+        """Launch a step on every rank. With async scheduling the driver's sampled ids reach
+        the other ranks on the device (ModelRunner._share_sampled_ids), so the next step can
+        launch before this one's result is read; the ranks' answers are read with it."""
         if self.worker is None:
             raise RuntimeError("the engine has been shut down; build a new one")
         message = pickle.dumps(("execute_model", (slim_scheduler_output(scheduler_output),)))
         for conn in self._conns:
             conn.send_bytes(message)
-        output = self.worker.execute_model(scheduler_output)
-        self._collect()
-        return output
+        return _RanksPending(self.worker.execute_model_async(scheduler_output), self._collect)
 
     def shutdown(self) -> None:
         if self.worker is None:

@@ -10,6 +10,8 @@ from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, SchedulerOutput
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import init_logger
+from vllm_volta.model_executor.layers.parallel_state import (
+    get_tensor_model_parallel_world_size, tensor_model_parallel_broadcast)
 from vllm_volta.sample.logprobs import compute_prompt_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata, make_generator
 from vllm_volta.sample.metadata_cache import SamplingMetadataCache
@@ -123,8 +125,6 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        from vllm_volta.model_executor.layers.parallel_state import (
-            get_tensor_model_parallel_world_size)
         mc = self.model_config
         tp = get_tensor_model_parallel_world_size()
         # This rank's kv heads (replicated when there are fewer heads than ranks).
@@ -179,7 +179,22 @@ class ModelRunner:
             logits = logits[:len(inp.sample_rows)]
             if self.is_driver:
                 self._sample(scheduled, req_ids, inp.sample_rows, logits, pending)
+            if self.async_scheduling and get_tensor_model_parallel_world_size() > 1:
+                self._share_sampled_ids(req_ids, inp.sample_rows)
         return pending
+
+    def _share_sampled_ids(self, step_req_ids: list[str], rows: list[int]) -> None:
+        """Async scheduling with tensor parallelism: the next step's inputs hold this step's
+        sampled tokens, which only the driver has. It broadcasts them on the device, after
+        its sampling, so every rank fills its next inputs as the driver does and no rank
+        waits for the host."""
+        if self.is_driver:
+            self._prev_sampled = tensor_model_parallel_broadcast(self._prev_sampled.contiguous())
+            return
+        ids = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+        self._prev_sampled = tensor_model_parallel_broadcast(ids)
+        self._prev_req_ids = (step_req_ids if len(rows) == len(step_req_ids)
+                              else [step_req_ids[i] for i in rows])
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest], req_ids: list[str],
                         same_batch: bool) -> ModelInput:

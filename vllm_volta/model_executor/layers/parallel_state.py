@@ -1,4 +1,4 @@
-"""Tensor-parallel rank/size seen by the layers, and the two collectives they need.
+"""Tensor-parallel rank/size seen by the layers, and the collectives they need.
 
 Defaults to a single rank (tp_size = 1), where the collectives are no-ops. A tensor-parallel
 executor calls ``set_tensor_parallel(rank, size)`` in each worker (after
@@ -57,3 +57,12 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
     parts = [torch.empty_like(x) for _ in range(_tp_size)]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=dim)
+
+
+def tensor_model_parallel_broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Give every rank rank ``src``'s ``x`` (in place; enqueued on the device like the others)."""
+    if _tp_size == 1:
+        return x
+    import torch.distributed as dist
+    dist.broadcast(x, src)
+    return x
