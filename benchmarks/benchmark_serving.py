@@ -29,7 +29,8 @@ from benchmarks.process_cpu import ServerCpu  # noqa: E402
 from benchmarks.serving_client import (RequestResult, run_in_processes, run_shard,  # noqa: E402
                                        send_completion, serving_metrics, split_shards)
 from benchmarks.server_launcher import launched_server, server_flags  # noqa: E402
-from benchmarks.utils import device_info, log, random_token_prompts, run_and_emit  # noqa: E402
+from benchmarks.utils import (device_info, log, random_lengths, random_token_prompts,  # noqa: E402
+                              run_and_emit)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -45,6 +46,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         default=1024)
     parser.add_argument("--output-len", "--random-output-len", dest="output_len", type=int,
                         default=128)
+    parser.add_argument("--random-range-ratio", type=float, default=0.0,
+                        help="vary each request's input and output length uniformly within "
+                             "this fraction of --input-len / --output-len (vLLM's; 0: all equal, "
+                             "so closed-loop requests finish and are replaced in waves)")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="prompt token ids are drawn below this (default: the config's)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
@@ -75,6 +80,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise ValueError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
     if not args.burstiness > 0:
         raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
+    if not 0 <= args.random_range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     args.metric_percentiles = [float(p) for p in args.metric_percentiles.split(",")]
@@ -133,12 +140,18 @@ def benchmark(base_url: str, args: argparse.Namespace, server_pid: int | None = 
               ) -> dict[str, Any]:
     model_name = _served_model(base_url, args.served_model_name)
     vocab_size = _vocab_size(args)
-    prompts = random_token_prompts(args.num_prompts, args.input_len, vocab_size, args.seed)
+    input_lens = random_lengths(args.num_prompts, args.input_len, args.random_range_ratio,
+                                args.seed + 2)
+    output_lens = random_lengths(args.num_prompts, args.output_len, args.random_range_ratio,
+                                 args.seed + 3)
+    prompts = random_token_prompts(args.num_prompts, args.input_len, vocab_size, args.seed,
+                                   lengths=input_lens if args.random_range_ratio else None)
     # return_token_ids (vLLM's extra): each chunk says how many tokens it carries, also when
     # the server sends several in one chunk or runs without a tokenizer (no text).
-    payloads = [{"model": model_name, "prompt": p, "max_tokens": args.output_len,
+    payloads = [{"model": model_name, "prompt": p, "max_tokens": n_out,
                  "temperature": args.temperature, "stream": True, "return_token_ids": True,
-                 "stream_options": {"include_usage": True}} for p in prompts]
+                 "stream_options": {"include_usage": True}}
+                for p, n_out in zip(prompts, output_lens)]
     if args.ignore_eos:  # vLLM's extension of the completions request
         for payload in payloads:
             payload["ignore_eos"] = True
@@ -162,7 +175,8 @@ def benchmark(base_url: str, args: argparse.Namespace, server_pid: int | None = 
         f"{metrics['output_throughput']:.1f} output tok/s")
     return {"benchmark": "serving", "base_url": base_url, "served_model_name": model_name,
             "num_prompts": args.num_prompts, "input_len": args.input_len,
-            "output_len": args.output_len, "request_rate": args.request_rate,
+            "output_len": args.output_len, "random_range_ratio": args.random_range_ratio,
+            "request_rate": args.request_rate,
             "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
             "client_processes": processes,
             **metrics, "errors": errors[:5]}

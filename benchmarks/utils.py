@@ -85,8 +85,9 @@ def require_cuda(script: str) -> torch.device:
 
 
 def random_token_prompts(num_prompts: int, input_len: int, vocab_size: int,
-                         seed: int) -> list[list[int]]:
-    """``num_prompts`` prompts of exactly ``input_len`` random token ids in [0, vocab_size)."""
+                         seed: int, lengths: Sequence[int] | None = None) -> list[list[int]]:
+    """``num_prompts`` prompts of exactly ``input_len`` random token ids in [0, vocab_size)
+    (or of ``lengths[i]`` ids each, when given)."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts}")
     if input_len < 1:
@@ -94,8 +95,21 @@ def random_token_prompts(num_prompts: int, input_len: int, vocab_size: int,
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, vocab_size, size=(num_prompts, input_len), dtype=np.int64)
-    return ids.tolist()
+    if lengths is None:
+        ids = rng.integers(0, vocab_size, size=(num_prompts, input_len), dtype=np.int64)
+        return ids.tolist()
+    return [rng.integers(0, vocab_size, size=n, dtype=np.int64).tolist() for n in lengths]
+
+
+def random_lengths(num: int, length: int, range_ratio: float, seed: int) -> list[int]:
+    """vLLM's random dataset lengths: uniform integers in [length * (1 - range_ratio),
+    length * (1 + range_ratio)] (truncated, at least 1); all ``length`` at ratio 0."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    low = max(int(length * (1 - range_ratio)), 1)
+    high = max(int(length * (1 + range_ratio)), low)
+    rng = np.random.default_rng(seed)
+    return rng.integers(low, high + 1, size=num).tolist()
 
 
 def summarize(values: Sequence[float], percentiles: Sequence[float] = (50, 90, 99),

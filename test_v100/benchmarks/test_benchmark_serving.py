@@ -54,6 +54,24 @@ def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
         result["server_cpu"]["frontend_cpu_s"] / (5 * 4) * 1e6)
 
 
+def test_random_range_ratio_varies_each_requests_lengths(capsys):
+    from benchmarks.utils import random_lengths
+
+    args = ["--config", "tiny-llama", "--max-model-len", "96", "--num-prompts", "6",
+            "--input-len", "10", "--output-len", "8", "--random-range-ratio", "0.5",
+            "--ignore-eos", "--max-concurrency", "3", "--seed", "5", "--server-timeout", "240"]
+    result = benchmark_serving.main(args)
+    capsys.readouterr()
+    assert result["completed"] == 6 and result["random_range_ratio"] == 0.5
+    # The lengths the benchmark drew (its seeds), every output run to its max_tokens.
+    inputs, outputs = random_lengths(6, 10, 0.5, 7), random_lengths(6, 8, 0.5, 8)
+    assert len(set(inputs)) > 1 and len(set(outputs)) > 1
+    assert result["total_input_tokens"] == sum(inputs)
+    assert result["total_output_tokens"] == sum(outputs)
+    with pytest.raises(ValueError, match="random-range-ratio"):
+        benchmark_serving.parse_args(["--config", "tiny-llama", "--random-range-ratio", "1"])
+
+
 def test_probe_request_shares_no_prompt_with_the_timed_requests(monkeypatch):
     """The untimed first request must not leave a timed prompt in the server's prefix cache."""
     sent = []

@@ -23,6 +23,20 @@ def test_random_token_prompts_shape_range_and_seed():
     assert prompts != utils.random_token_prompts(5, 7, 11, seed=4)
 
 
+def test_random_lengths_follow_the_range_ratio():
+    assert utils.random_lengths(6, 100, 0.0, seed=1) == [100] * 6
+    lengths = utils.random_lengths(2000, 100, 0.5, seed=1)
+    assert min(lengths) == 50 and max(lengths) == 150  # both ends included (vLLM's range)
+    assert abs(statistics.fmean(lengths) - 100) < 3
+    assert lengths == utils.random_lengths(2000, 100, 0.5, seed=1)
+    assert min(utils.random_lengths(50, 1, 0.9, seed=0)) == 1  # never below one token
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="random-range-ratio"):
+            utils.random_lengths(3, 10, bad, seed=0)
+    prompts = utils.random_token_prompts(3, 7, 11, seed=3, lengths=[2, 9, 4])
+    assert [len(p) for p in prompts] == [2, 9, 4] and all(0 <= t < 11 for p in prompts for t in p)
+
+
 @pytest.mark.parametrize("kwargs,field", [({"num_prompts": 0}, "num_prompts"),
                                           ({"input_len": 0}, "input_len"),
                                           ({"vocab_size": 0}, "vocab_size")])
