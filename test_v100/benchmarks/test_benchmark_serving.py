@@ -38,6 +38,7 @@ def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
     assert json.loads(capsys.readouterr().out) == result
     if not tokenizer:  # the server took the flag (an unknown one stops it) and kept its log
         assert "KV cache" in server_log.read_text()
+        assert '"POST /v1/completions HTTP/1.1" 200' in server_log.read_text()  # access log
     assert result["completed"] == 5 and result["failed"] == 0, result["errors"]
     assert result["total_input_tokens"] == 5 * 7
     assert result["total_output_tokens"] == 5 * 4
@@ -54,12 +55,13 @@ def test_launches_our_server_and_measures(capsys, tmp_path, tokenizer):
         result["server_cpu"]["frontend_cpu_s"] / (5 * 4) * 1e6)
 
 
-def test_random_range_ratio_varies_each_requests_lengths(capsys):
+def test_random_range_ratio_varies_each_requests_lengths(capsys, tmp_path):
     from benchmarks.utils import random_lengths
 
     args = ["--config", "tiny-llama", "--max-model-len", "96", "--num-prompts", "6",
             "--input-len", "10", "--output-len", "8", "--random-range-ratio", "0.5",
-            "--ignore-eos", "--max-concurrency", "3", "--seed", "5", "--server-timeout", "240"]
+            "--ignore-eos", "--max-concurrency", "3", "--seed", "5", "--server-timeout", "240",
+            "--server-arg=--disable-uvicorn-access-log", "--server-log", str(tmp_path / "server.log")]
     result = benchmark_serving.main(args)
     capsys.readouterr()
     assert result["completed"] == 6 and result["random_range_ratio"] == 0.5
@@ -68,6 +70,8 @@ def test_random_range_ratio_varies_each_requests_lengths(capsys):
     assert len(set(inputs)) > 1 and len(set(outputs)) > 1
     assert result["total_input_tokens"] == sum(inputs)
     assert result["total_output_tokens"] == sum(outputs)
+    # The server was started without its access log.
+    assert "POST /v1/completions" not in (tmp_path / "server.log").read_text()
     with pytest.raises(ValueError, match="random-range-ratio"):
         benchmark_serving.parse_args(["--config", "tiny-llama", "--random-range-ratio", "1"])
 

@@ -182,7 +182,8 @@ def run_server(args: argparse.Namespace) -> None:
                 loop, http)
     try:
         uvicorn.run(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
-                    timeout_keep_alive=5, timeout_graceful_shutdown=5, loop=loop, http=http)
+                    access_log=not args.disable_uvicorn_access_log, timeout_keep_alive=5,
+                    timeout_graceful_shutdown=5, loop=loop, http=http)
     finally:
         engine.shutdown()
 

@@ -25,6 +25,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="Chat template: a file path or the Jinja template inline.")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
+    group.add_argument("--disable-uvicorn-access-log", action="store_true",
+                       help="Do not log every HTTP request (uvicorn's access log): one line per "
+                            "request is event-loop time at hundreds of requests a second.")
     group.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                        help="Run the engine core in a process of its own, so that its host work "
                             "(scheduling, launches, outputs) does not share the interpreter "
