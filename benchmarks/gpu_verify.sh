@@ -4,13 +4,14 @@
 # VLLM_VOLTA_DEVICE_CAPABILITY=7.0). Every log and JSON goes to OUTDIR.
 #
 #   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load]
+#                                   [serving_tok]
 #
 # The Volta tree is a copy of this checkout (VOLTA_TREE, default /tmp/volta-tree) with its own
 # in-place build, so both extensions exist side by side. The steps write more than ten files; where
 # only a few files come back from the machine, give a scratch OUTDIR and pack it afterwards
 # (e.g. `tar -czf "$OUT/gpu_verify.tgz" -C /tmp/gv .`).
 set -uo pipefail
-out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load]}
+out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load] [serving_tok]}
 shift
 steps=${*:-build tests kernels e2e serving}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -102,6 +103,22 @@ do_serving_load() {
     else
       "${engine[@]}" >/dev/null; "${server[@]}" >/dev/null
     fi
+  done
+}
+
+do_serving_tok() {
+  # The server as users run it: a tokenizer (synthetic, the config's vocabulary size), so the
+  # engine core detokenizes every token, and lengths drawn within 50% of 512 / 128, so the
+  # closed loop does not run in waves. Both modes; the server's log is kept.
+  python benchmarks/synthetic_tokenizer.py --config qwen2.5-1.5b "$out/tokenizer" >/dev/null
+  for mode in native volta; do
+    note "server with a tokenizer and varied lengths, 256 concurrent streams, $mode mode"
+    local server=(python benchmarks/benchmark_serving.py --config qwen2.5-1.5b --dtype half
+      --max-model-len 1024 --max-num-seqs 256 --async-scheduling --num-prompts 1536
+      --input-len 512 --output-len 128 --random-range-ratio 0.5 --max-concurrency 256
+      --ignore-eos --tokenizer "$out/tokenizer" --server-log "$out/server_tok_$mode.log"
+      --output-json "$out/serving_tok_$mode.json")
+    if [ $mode = volta ]; then in_volta "${server[@]}" >/dev/null; else "${server[@]}" >/dev/null; fi
   done
 }
 
