@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from benchmarks.utils import resolve_model, shipped_configs
+from vllm_volta.config import CUDAGRAPH_MODES
 
 # Engine flags: (flag, EngineArgs field, argparse kwargs). None defaults mean "engine default".
 _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
@@ -20,8 +21,7 @@ _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--gpu-memory-utilization", "gpu_memory_utilization", {"type": float, "default": None}),
     ("--enforce-eager", "enforce_eager", {"action": "store_true"}),
     ("--async-scheduling", "async_scheduling", {"action": "store_true"}),
-    ("--cudagraph-mode", "cudagraph_mode", {"default": None,
-                                            "choices": ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"]}),
+    ("--cudagraph-mode", "cudagraph_mode", {"default": None, "choices": CUDAGRAPH_MODES}),
     ("--cudagraph-metrics", "cudagraph_metrics", {"action": "store_true"}),
     ("--cuda-graph-sizes", "cuda_graph_sizes", {"type": int, "nargs": "+", "default": None}),
     ("--tokenizer", "tokenizer", {"default": None}),

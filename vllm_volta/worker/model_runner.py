@@ -72,6 +72,11 @@ class PendingOutput:
         return self.output
 
 
+def _pick(items: list, rows: list[int]) -> list:
+    """The step's items at the sampled `rows` (the list itself when every row samples)."""
+    return items if len(rows) == len(items) else [items[i] for i in rows]
+
+
 class ModelRunner:
     """Holds the model and its KV caches; runs scheduled steps.
 
@@ -193,8 +198,7 @@ class ModelRunner:
             return
         ids = torch.empty(len(rows), dtype=torch.int64, device=self.device)
         self._prev_sampled = tensor_model_parallel_broadcast(ids)
-        self._prev_req_ids = (step_req_ids if len(rows) == len(step_req_ids)
-                              else [step_req_ids[i] for i in rows])
+        self._prev_req_ids = _pick(step_req_ids, rows)
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest], req_ids: list[str],
                         same_batch: bool) -> ModelInput:
@@ -255,9 +259,7 @@ class ModelRunner:
 
     def _sample(self, scheduled: list[ScheduledRequest], step_req_ids: list[str], rows: list[int],
                 logits: torch.Tensor, pending: PendingOutput) -> None:
-        all_rows = len(rows) == len(scheduled)
-        reqs = scheduled if all_rows else [scheduled[i] for i in rows]
-        req_ids = step_req_ids if all_rows else [step_req_ids[i] for i in rows]
+        reqs, req_ids = _pick(scheduled, rows), _pick(step_req_ids, rows)
         metadata = self._sampling_metadata(reqs, req_ids)
         # Async on the GPU: the ids go to a pinned buffer, written by the sampling kernel itself
         # where it can (no copy launch), and are read when the step's event has completed.
