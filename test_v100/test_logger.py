@@ -54,3 +54,17 @@ def test_log_once(caplog):
         assert {r.module for r in caplog.records} == {"test_logger"}
     finally:
         root.removeHandler(caplog.handler)
+
+
+def test_lines_follow_a_redirected_stdout():
+    """Logging set up before stdout is diverted still writes to the diverted stream (the
+    benchmarks import vllm_volta at module level, then divert stdout to keep theirs for JSON)."""
+    import contextlib
+    import io
+
+    vv_logger.configure_root_logger()
+    log = vv_logger.init_logger("vllm_volta.redirect_test")
+    diverted = io.StringIO()
+    with contextlib.redirect_stdout(diverted):
+        log.warning("a line for the diverted stream")
+    assert "a line for the diverted stream" in diverted.getvalue()

@@ -14,6 +14,22 @@ ROOT_LOGGER_NAME = "vllm_volta"
 _FORMAT = "%(levelname)s %(asctime)s [%(module)s:%(lineno)d] %(message)s"
 _DATE_FORMAT = "%m-%d %H:%M:%S"
 
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stdout`` as it is then, not as it was when logging was set
+    up: a program that diverts stdout (``contextlib.redirect_stdout``, as the benchmarks do to
+    keep theirs for one JSON document) diverts these lines too."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 _configure_lock = threading.Lock()
 _configured = False
 _logged_once: set[tuple[str, int, str]] = set()
@@ -33,7 +49,7 @@ def configure_root_logger(force: bool = False) -> logging.Logger:
 
         root.setLevel(envs.VLLM_VOLTA_LOGGING_LEVEL)
         if not any(getattr(h, "_vllm_volta", False) for h in root.handlers):
-            handler = logging.StreamHandler(sys.stdout)
+            handler = _StdoutHandler()
             handler.setFormatter(logging.Formatter(_FORMAT, datefmt=_DATE_FORMAT))
             handler._vllm_volta = True  # type: ignore[attr-defined]  # marks our own handler
             root.addHandler(handler)
