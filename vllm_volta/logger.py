@@ -15,7 +15,6 @@ _FORMAT = "%(levelname)s %(asctime)s [%(module)s:%(lineno)d] %(message)s"
 _DATE_FORMAT = "%m-%d %H:%M:%S"
 
 
-
 class _StdoutHandler(logging.StreamHandler):
     """Writes each record to ``sys.stdout`` as it is then, not as it was when logging was set
     up: a program that diverts stdout (``contextlib.redirect_stdout``, as the benchmarks do to
