@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 VOCAB_SIZE = 384
 
 
@@ -28,6 +28,9 @@ def tiny_config(arch: str, **overrides):
         cfg = transformers.Qwen2Config(**common)
     elif arch == "qwen3":
         cfg = transformers.Qwen3Config(head_dim=32, **common)
+    elif arch == "gemma":  # as the real ones: GeGLU (tanh), tied embeddings
+        cfg = transformers.GemmaConfig(head_dim=16, hidden_act="gelu_pytorch_tanh",
+                                       **{**common, "tie_word_embeddings": True})
     else:
         raise ValueError(arch)
     for key, value in overrides.items():

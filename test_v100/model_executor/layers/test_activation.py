@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_volta.model_executor.layers.activation import SiluAndMul, get_act_and_mul_fn
+from vllm_volta.model_executor.layers.activation import GeluAndMul, SiluAndMul, get_act_and_mul_fn
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
@@ -16,7 +16,21 @@ def test_silu_and_mul(dtype, tol):
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_and_mul(approximate):
+    """Against the GELU written out: 0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation."""
+    x = torch.randn(5, 2 * 24, dtype=torch.float64)
+    gate, up = x[:, :24], x[:, 24:]
+    if approximate == "tanh":
+        gelu = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate ** 3)))
+    else:
+        gelu = 0.5 * gate * (1 + torch.erf(gate / 2 ** 0.5))
+    torch.testing.assert_close(GeluAndMul(approximate)(x), gelu * up)
+
+
 def test_get_act_and_mul_fn():
     assert isinstance(get_act_and_mul_fn("silu"), SiluAndMul)
-    with pytest.raises(ValueError, match="hidden_act"):
+    assert get_act_and_mul_fn("gelu_pytorch_tanh").approximate == "tanh"
+    assert get_act_and_mul_fn("gelu").approximate == "none"
+    with pytest.raises(ValueError, match="hidden_act 'relu' is not supported; supported: 'silu'"):
         get_act_and_mul_fn("relu")

@@ -6,7 +6,7 @@ from vllm_volta.model_executor.models.registry import get_model_cls, get_support
 
 
 def test_known_architectures():
-    assert get_supported_archs() == ["LlamaForCausalLM", "MistralForCausalLM",
+    assert get_supported_archs() == ["GemmaForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
                                      "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
     for arch in get_supported_archs():
         assert get_model_cls([arch]).__name__ == arch
@@ -17,6 +17,6 @@ def test_known_architectures():
 
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
 def test_unknown_architecture_lists_supported(archs):
-    with pytest.raises(ValueError, match="supported architectures: LlamaForCausalLM, "
+    with pytest.raises(ValueError, match="supported architectures: GemmaForCausalLM, LlamaForCausalLM, "
                                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
         get_model_cls(archs)

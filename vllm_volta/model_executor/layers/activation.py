@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vllm_volta import _custom_ops as ops
@@ -18,8 +19,31 @@ class SiluAndMul(nn.Module):
         return out
 
 
+class GeluAndMul(nn.Module):
+    """x = [gate | up] (last dim 2d) -> gelu(gate) * up (last dim d), with the erf GELU or its tanh
+    approximation (``approximate="tanh"``), as ATen computes them (GeGLU: Gemma's MLP). Two
+    ATen kernels, not one fused op."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate=self.approximate).mul_(x[..., d:])
+
+
+# HF ``hidden_act`` names of the gated activations, and how to build each.
+_ACT_AND_MUL = {
+    "silu": SiluAndMul, "swish": SiluAndMul,
+    "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"), "gelu_new": lambda: GeluAndMul("tanh"),
+    "gelu": lambda: GeluAndMul("none"),
+}
+
+
 def get_act_and_mul_fn(hidden_act: str) -> nn.Module:
-    """The fused gated activation for an HF ``hidden_act`` name."""
-    if hidden_act in ("silu", "swish"):
-        return SiluAndMul()
-    raise ValueError(f"hidden_act {hidden_act!r} is not supported; supported: 'silu'")
+    """The gated activation for an HF ``hidden_act`` name."""
+    if hidden_act not in _ACT_AND_MUL:
+        raise ValueError(f"hidden_act {hidden_act!r} is not supported; supported: "
+                         f"{', '.join(repr(a) for a in _ACT_AND_MUL)}")
+    return _ACT_AND_MUL[hidden_act]()

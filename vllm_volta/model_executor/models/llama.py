@@ -154,6 +154,7 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, attn_backend, rotary_emb, attention_options)
             for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_scale: float | None = None  # the embeddings' multiplier (Gemma: sqrt(hidden))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
@@ -164,6 +165,8 @@ class LlamaModel(nn.Module):
             raise ValueError(f"kv_caches must hold one cache per layer ({len(self.layers)}), "
                              f"got {len(kv_caches)}")
         hidden_states = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden_states.mul_(self.embed_scale)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 # architecture -> (module under vllm_volta.model_executor.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
