@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import enum
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,26 @@ def _range_error(name: str, allowed: str, value: Any) -> ValueError:
 def _check_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}.")
+
+
+def _token_bias(bias: Any) -> dict[int, float]:
+    """logit_bias as {token id: finite float}; keys may be ints or integer strings (JSON)."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a mapping of token ids to numbers, got {bias!r}.")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key) if isinstance(key, str) else key
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
+        _check_int("logit_bias key", token)
+        if token < 0:
+            raise _range_error("logit_bias key", "a non-negative token id", token)
+        _check_number("logit_bias value", value)
+        if not math.isfinite(value):
+            raise _range_error("logit_bias value", "a finite number", value)
+        out[token] = float(value)
+    return out
 
 
 def _check_number(name: str, value: Any) -> None:
@@ -70,6 +91,10 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
+    # Added to the logits of these token ids before sampling (OpenAI's logit_bias; JSON's
+    # string keys are accepted), and vLLM's allowed_token_ids: sampling only among these.
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     # Stop ids including the model's eos ids: masked out while min_tokens is unmet.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
     _eos_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -87,6 +112,10 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            self.logit_bias = _token_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         # OpenAI clients send logprobs=True meaning "the sampled token only".
         if self.logprobs is True:
             self.logprobs = 0
@@ -151,6 +180,13 @@ class SamplingParams:
                 raise _range_error("stop_token_ids", "non-negative token ids", t)
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True; use stop_token_ids instead.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty (None allows every token).")
+            for t in self.allowed_token_ids:
+                _check_int("allowed_token_ids", t)
+                if t < 0:
+                    raise _range_error("allowed_token_ids", "non-negative token ids", t)
 
     @property
     def sampling_type(self) -> SamplingType:

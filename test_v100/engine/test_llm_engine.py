@@ -288,3 +288,47 @@ def test_engine_freezes_its_startup_heap_until_the_last_engine_shuts_down(tiny, 
     first.shutdown()  # a second shutdown releases nothing more
     assert collectable(marker)
     assert gc_policy._engines_holding_freeze == 0
+
+
+def _hf_generate(model, prompt, max_new_tokens, **kwargs):
+    from transformers import GenerationConfig
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                              eos_token_id=None, bos_token_id=None, pad_token_id=0,
+                              **kwargs.pop("config", {}))
+    saved, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
+    try:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), generation_config=config, **kwargs)
+    finally:
+        model.generation_config.eos_token_id = saved
+    return out[0, len(prompt):].tolist()
+
+
+def test_logit_bias_and_allowed_token_ids_match_transformers(tiny):
+    """Greedy with logit_bias = transformers' sequence_bias on single tokens; with
+    allowed_token_ids = transformers' prefix_allowed_tokens_fn; in one batch with a plain row."""
+    path, hf_model = tiny["llama"]
+    prompts = random_prompts(3, 5, 20, seed=9)
+    plain = hf_greedy(hf_model, prompts[0], 8)
+    bias = {plain[0]: -4.0, plain[1]: -4.0, 17: 3.0}
+    allowed = [9, 33, 101, 250]
+    params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias=bias),
+              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, allowed_token_ids=allowed),
+              GREEDY]
+    outs = tokens(run(make_engine(path), prompts, params))
+    want_bias = _hf_generate(hf_model, prompts[0], 8,
+                             config={"sequence_bias": [[[t], b] for t, b in bias.items()]})
+    assert want_bias != plain  # the bias changes what greedy picks
+    assert outs[0] == want_bias
+    assert outs[1] == _hf_generate(hf_model, prompts[1], 8, prefix_allowed_tokens_fn=lambda *_: allowed)
+    assert outs[2] == hf_greedy(hf_model, prompts[2], 8)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny):
+    path, _ = tiny["llama"]
+    engine = make_engine(path)
+    for kwargs, name in (({"logit_bias": {10_000: 1.0}}, "logit_bias"),
+                         ({"allowed_token_ids": [3, 10_000]}, "allowed_token_ids")):
+        with pytest.raises(ValueError, match=f"{name}: token id 10000 is outside the vocabulary"):
+            engine.add_request("bad", [5, 6], SamplingParams(**kwargs))
+    assert not engine.has_unfinished_requests()

@@ -64,6 +64,11 @@ class InputProcessor:
             bad = next(t for t in token_ids if not 0 <= t < vocab)
             raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary "
                              f"[0, {vocab})")
+        for name, ids in (("logit_bias", params.logit_bias or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {vocab})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > mc.max_logprobs:

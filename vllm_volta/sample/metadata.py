@@ -60,6 +60,11 @@ class SamplingMetadata:
     output_token_ids: torch.Tensor | None      # [B, Lo] int64, -1 padded
     min_tokens_rows: torch.Tensor | None       # [M] int64 } (row, token) pairs to mask
     min_tokens_token_ids: torch.Tensor | None  # [M] int64 } while min_tokens is unmet
+    # logit_bias: (rows [K], token ids [K], values [K] f32); None when no row sets one.
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # allowed_token_ids: the restricted rows [R], and (index into them, allowed id) pairs [2, M].
+    allowed_rows: torch.Tensor | None = None
+    allowed_pairs: torch.Tensor | None = None
 
     @property
     def no_top_p(self) -> bool:
@@ -107,6 +112,14 @@ class SamplingMetadata:
             return to_device(_pad(id_rows, -1), device, torch.int64)
 
         min_t = ids_tensor([rows.min_rows, rows.min_ids]) if rows.min_rows else None
+        bias = None
+        if rows.bias_rows:
+            bias_ids = ids_tensor([rows.bias_rows, rows.bias_ids])
+            bias = (bias_ids[0], bias_ids[1], to_device(rows.bias_values, device, torch.float32))
+        allowed_rows = allowed_pairs = None
+        if rows.allowed_rows:
+            allowed_rows = ids_tensor([rows.allowed_rows])[0]
+            allowed_pairs = ids_tensor([rows.allowed_index, rows.allowed_ids])
         prompt_t = output_t = None
         if not no_penalties:
             output_t = ids_tensor(output_token_ids)
@@ -134,6 +147,9 @@ class SamplingMetadata:
             output_token_ids=output_t,
             min_tokens_rows=None if min_t is None else min_t[0],
             min_tokens_token_ids=None if min_t is None else min_t[1],
+            logit_bias=bias,
+            allowed_rows=allowed_rows,
+            allowed_pairs=allowed_pairs,
         )
 
 
@@ -158,6 +174,12 @@ class _Rows:
     max_num_logprobs: int | None = None
     min_rows: list[int] = field(default_factory=list)  # (row, stop id) pairs to mask
     min_ids: list[int] = field(default_factory=list)
+    bias_rows: list[int] = field(default_factory=list)  # (row, id, value) per logit_bias entry
+    bias_ids: list[int] = field(default_factory=list)
+    bias_values: list[float] = field(default_factory=list)
+    allowed_rows: list[int] = field(default_factory=list)  # rows with allowed_token_ids
+    allowed_index: list[int] = field(default_factory=list)  # (index into allowed_rows, id) pairs
+    allowed_ids: list[int] = field(default_factory=list)
 
 
 def _gather_rows(params: Sequence[SamplingParams], output_token_ids: Sequence[Sequence[int]],
@@ -187,4 +209,12 @@ def _gather_rows(params: Sequence[SamplingParams], output_token_ids: Sequence[Se
             stop_ids = p.all_stop_token_ids
             rows.min_rows.extend([i] * len(stop_ids))
             rows.min_ids.extend(stop_ids)
+        if p.logit_bias:
+            rows.bias_rows.extend([i] * len(p.logit_bias))
+            rows.bias_ids.extend(p.logit_bias)
+            rows.bias_values.extend(p.logit_bias.values())
+        if p.allowed_token_ids:
+            rows.allowed_index.extend([len(rows.allowed_rows)] * len(p.allowed_token_ids))
+            rows.allowed_rows.append(i)
+            rows.allowed_ids.extend(p.allowed_token_ids)
     return rows

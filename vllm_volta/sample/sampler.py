@@ -12,6 +12,7 @@ from vllm_volta.sample.filters import apply_min_p, apply_top_k_top_p
 from vllm_volta.sample.logprobs import LogprobsTensors, gather_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata
 from vllm_volta.sample.penalties import apply_min_tokens, apply_penalties
+from vllm_volta.sample.token_bias import apply_allowed_token_ids, apply_logit_bias
 
 
 @dataclass
@@ -110,8 +111,8 @@ def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
 class Sampler(nn.Module):
     """vLLM's sampling pipeline.
 
-    Order: min_tokens masking of stop/eos ids, penalties (repetition on prompt + output,
-    presence/frequency on output), greedy argmax for temperature-0 rows; for the others
+    Order: allowed_token_ids, min_tokens masking of stop/eos ids, logit_bias, penalties
+    (repetition on prompt + output, presence/frequency on output), greedy argmax for temperature-0 rows; for the others
     temperature, top-k, top-p, min-p, then an exponential-race sample (on CUDA without
     top-k/top-p/min-p: the same race fused into one pass, ``fused_random_sample``).
 
@@ -129,12 +130,15 @@ class Sampler(nn.Module):
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.float().log_softmax(dim=1)
-        private = not metadata.no_penalties or metadata.min_tokens_rows is not None
+        private = (not metadata.no_penalties or metadata.min_tokens_rows is not None
+                   or metadata.logit_bias is not None or metadata.allowed_rows is not None)
         if private:
             # These stages write: they work on a float32 copy, the caller's logits stay untouched.
             logits = logits.to(torch.float32, copy=True)
+            logits = apply_allowed_token_ids(logits, metadata.allowed_rows, metadata.allowed_pairs)
             logits = apply_min_tokens(logits, metadata.min_tokens_rows,
                                       metadata.min_tokens_token_ids)
+            logits = apply_logit_bias(logits, metadata.logit_bias)
             if not metadata.no_penalties:
                 logits = apply_penalties(
                     logits, prompt_token_ids=metadata.prompt_token_ids,

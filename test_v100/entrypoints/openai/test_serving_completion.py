@@ -93,6 +93,31 @@ def test_logprobs_match_transformers(client, hf_reference):
     assert all(b - a == len(t) for a, b, t in zip(offsets, offsets[1:], lp.tokens))
 
 
+def test_logit_bias_and_allowed_token_ids(client, hf_reference):
+    """OpenAI's logit_bias (string keys, as JSON has them) steers greedy decoding as
+    transformers' sequence_bias does; vLLM's allowed_token_ids keeps every token in the set."""
+    import torch
+    from transformers import GenerationConfig
+
+    tok, model = hf_reference
+    prompt_ids = tok.encode(PROMPT)
+    plain = hf_greedy(model, prompt_ids, 6)
+    bias = {plain[0]: -5.0, plain[2]: -5.0}
+    config = GenerationConfig(max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                              pad_token_id=model.config.pad_token_id,
+                              sequence_bias=[[[t], b] for t, b in bias.items()])
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt_ids]), generation_config=config)[0, len(prompt_ids):]
+    extra = {**EXACT, "return_token_ids": True}
+    resp = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=0.0,
+                                     logit_bias={str(t): b for t, b in bias.items()}, extra_body=extra)
+    assert want.tolist() != plain and resp.choices[0].token_ids == want.tolist()
+    allowed = sorted(set(plain[:3]) | {7, 42})
+    resp = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=0.0,
+                                     extra_body={**extra, "allowed_token_ids": allowed})
+    assert set(resp.choices[0].token_ids) <= set(allowed)
+
+
 def test_echo_with_prompt_logprobs(client, hf_reference):
     tok, model = hf_reference
     prompt_ids = tok.encode(PROMPT)

@@ -37,6 +37,10 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # token id (JSON: a string key) -> bias added to its logit, in [-100, 100]
+    logit_bias: dict[str, float] | None = None
+    # Accepted only as plain text: structured outputs (JSON mode, schemas) are not implemented.
+    response_format: dict[str, Any] | None = None
     # vLLM extras, passed by clients through extra_body.
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
@@ -47,6 +51,24 @@ class _SamplingFields(BaseModel):
     # ids of that chunk), and the prompt's ids come along ("prompt_token_ids": on each choice
     # for completions, on the response for chat; in a stream, once, on the first chunk).
     return_token_ids: bool = False
+    allowed_token_ids: list[int] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_range(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (v or {}).items():
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {token} is {bias}; it must be in [-100, 100]")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _plain_text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        kind = (v or {}).get("type", "text")
+        if kind != "text":
+            raise ValueError(f"type {kind!r} is not supported: this server has no structured "
+                             f"outputs (JSON mode, JSON schema); only 'text'")
+        return v
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -66,6 +88,7 @@ class _SamplingFields(BaseModel):
             "ignore_eos": self.ignore_eos or None, "min_tokens": self.min_tokens or None,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output or None,
+            "logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
         }
         return {k: v for k, v in kwargs.items() if v is not None}
 
@@ -139,6 +162,15 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False
+    # Refused when given: this server has no tool-call parsing.
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if v:
+            raise ValueError("tool calling is not supported by this server (no tool-call parser)")
+        return v
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

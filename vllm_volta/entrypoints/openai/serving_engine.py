@@ -127,7 +127,9 @@ class OpenAIServing:
         except ValueError as exc:
             for s in streams:
                 s.close()
-            raise OpenAIError(str(exc), 400) from exc
+            # The engine's checks start with the field they are about ("logit_bias: ...").
+            field = str(exc).split(":", 1)[0]
+            raise OpenAIError(str(exc), 400, field if hasattr(params, field) else None) from exc
         except BaseException:
             for s in streams:
                 s.close()
