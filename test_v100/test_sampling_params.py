@@ -107,3 +107,22 @@ def test_clone_is_deep() -> None:
 def test_repr_names_fields() -> None:
     r = repr(SamplingParams(temperature=0.5, stop="z"))
     assert r.startswith("SamplingParams(n=1,") and "temperature=0.5" in r and "stop=['z']" in r
+
+
+def test_logit_bias_and_allowed_token_ids_checks():
+    assert SamplingParams(logit_bias={"12": -1, 3: 2}).logit_bias == {12: -1.0, 3: 2.0}
+    cases = [({"logit_bias": {"a": 1}}, "logit_bias keys must be token ids"),
+             ({"logit_bias": {-1: 1}}, "logit_bias key must be a non-negative token id"),
+             ({"logit_bias": {1: float("nan")}}, "logit_bias value must be a finite number"),
+             ({"logit_bias": {1: "x"}}, "logit_bias value must be a number"),
+             ({"logit_bias": [1]}, "logit_bias must be a mapping"),
+             ({"allowed_token_ids": []}, "allowed_token_ids must not be empty"),
+             ({"allowed_token_ids": [2, -1]}, "allowed_token_ids must be non-negative")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**kwargs)
+    params = SamplingParams(logit_bias={1: 1.0}, allowed_token_ids=[1, 2])
+    clone = params.clone()
+    clone.logit_bias[5] = 1.0
+    clone.allowed_token_ids.append(3)
+    assert params.logit_bias == {1: 1.0} and params.allowed_token_ids == [1, 2]
