@@ -52,8 +52,12 @@ CASES = [
      "response_format"),
     ("json schema", CMPL, {"prompt": "a", "response_format": {"type": "json_schema"}}, 400,
      "response_format"),
-    ("tools", CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools"),
+    ("tools without --enable-auto-tool-choice", CHAT,
+     {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
+    ("tool without a name", CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {}}],
+                                   "tool_choice": "none"}, 400, "tools.0.function"),
+    ("tool call arguments not JSON", CHAT, {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{x"}}]}]}, 400, None),
     ("unknown model", CMPL, {"prompt": "a", "model": "gpt-17"}, 404, "model"),
     ("chat unknown model", CHAT, {"messages": MSGS, "model": "nope"}, 404, "model"),
 ]

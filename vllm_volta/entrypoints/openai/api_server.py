@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 
 from vllm_volta.engine.async_llm import AsyncLLM
 from vllm_volta.entrypoints.openai.cli_args import (
-    add_server_args, build_engine_args, load_chat_template)
+    add_server_args, build_engine_args, load_chat_template, tool_call_parser)
 from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm_volta.entrypoints.openai.metrics import ServerMetrics
 from vllm_volta.entrypoints.openai.protocol import (
@@ -81,7 +81,7 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     chat_template = load_chat_template(args.chat_template)
     completions = OpenAIServingCompletion(engine, names, **limits)
     tokenization = OpenAIServingTokenization(engine, names, chat_template=chat_template,
-                                             **limits)
+                                             tool_call_parser=tool_call_parser(args), **limits)
     chat = tokenization  # the tokenization handler is a chat handler too
     metrics = ServerMetrics(names[0])
     engine.stat_loggers.append(metrics)
@@ -168,6 +168,7 @@ def run_server(args: argparse.Namespace) -> None:
     from vllm_volta.config import DeviceConfig
 
     load_chat_template(args.chat_template)  # fail fast, before loading the model
+    tool_call_parser(args)
     engine_args = build_engine_args(args)
     own_process, why = engine_process_choice(args.engine_process,
                                              DeviceConfig(engine_args.device).device)

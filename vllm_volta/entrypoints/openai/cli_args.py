@@ -11,6 +11,8 @@ import argparse
 import os
 from typing import Any
 
+from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every flag of the server (shared by `vllm-volta serve` and api_server)."""
@@ -23,6 +25,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="Require 'Authorization: Bearer <key>' on /v1/*.")
     group.add_argument("--chat-template", type=str, default=None,
                        help="Chat template: a file path or the Jinja template inline.")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="Parse tool calls out of chat outputs when a request sends tools "
+                            "(tool_choice \"auto\"); needs --tool-call-parser.")
+    group.add_argument("--tool-call-parser", type=str, default=None, choices=sorted(TOOL_PARSERS),
+                       help="How the model writes tool calls: hermes (<tool_call>{json}</tool_call>: "
+                            "Qwen2.5, Qwen3, Hermes).")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
     group.add_argument("--disable-uvicorn-access-log", action="store_true",
@@ -35,6 +43,17 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(where the forward pass, not the host, is the limit).")
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
     return parser
+
+
+def tool_call_parser(args: argparse.Namespace) -> str | None:
+    """The parser the chat endpoint uses for tool calls, or None (--enable-auto-tool-choice
+    without --tool-call-parser is an error, as in vLLM)."""
+    if not getattr(args, "enable_auto_tool_choice", False):
+        return None
+    if not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser "
+                         f"(one of: {', '.join(sorted(TOOL_PARSERS))})")
+    return args.tool_call_parser
 
 
 def build_engine_args(args: argparse.Namespace) -> Any:

@@ -7,6 +7,7 @@ ignored, as vLLM and OpenAI do.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -133,11 +134,35 @@ class ContentPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, v: str) -> str:
+        try:
+            json.loads(v)
+        except json.JSONDecodeError:
+            raise ValueError(f"tool call arguments must be JSON text, got {v!r}") from None
+        return v
+
+
+class MessageToolCall(BaseModel):
+    """A call in an earlier assistant message (as the server returned it)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
 
     def text(self) -> str:
         """Content as plain text: text parts are joined with newlines."""
@@ -146,6 +171,35 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it: text content, and tool calls with their
+        arguments as a dict (HF templates render them with tojson), as vLLM passes them."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        return msg
+
+
+class ChatTool(BaseModel):
+    """{"type": "function", "function": {"name", "description", "parameters"}}."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(v.get("name"), str) or not v["name"]:
+            raise ValueError("a tool's function needs a name")
+        return v
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -162,15 +216,10 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False
-    # Refused when given: this server has no tool-call parsing.
-    tools: list[dict[str, Any]] | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tool calling is not supported by this server (no tool-call parser)")
-        return v
+    # Function tools (rendered by the chat template) and how the model may use them; calls in
+    # the output are parsed with --enable-auto-tool-choice --tool-call-parser (serving_chat.py).
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -185,8 +234,8 @@ class ChatCompletionRequest(_SamplingFields):
             return self.max_completion_tokens
         return self.max_tokens
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.template_dict() for m in self.messages]
 
 
 class TokenizeRequest(BaseModel):

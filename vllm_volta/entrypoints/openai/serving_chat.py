@@ -13,27 +13,34 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
+from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, HermesToolParser,
+                                                        StreamingToolCalls)
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
 class OpenAIServingChat(OpenAIServing):
     """Handler of /v1/chat/completions (and chat-style /tokenize)."""
 
-    def __init__(self, *args: Any, chat_template: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, chat_template: str | None = None,
+                 tool_call_parser: str | None = None, **kwargs: Any) -> None:
+        """``tool_call_parser``: the parser of --enable-auto-tool-choice --tool-call-parser NAME;
+        without it, requests may pass tools to the template only with tool_choice "none"."""
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
+        self.tool_parser = TOOL_PARSERS[tool_call_parser]() if tool_call_parser else None
 
     def render_chat(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template: str | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> str:
+                    template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for a conversation (request template > --chat-template > model's)."""
         if continue_final_message:
             add_generation_prompt = False  # continuing a message means no new turn
-        conversation = [{"role": m.role, "content": m.text()} for m in messages]
+        conversation = [m.template_dict() for m in messages]
         try:
             return apply_chat_template(
                 self.tokenizer, conversation, chat_template=chat_template or self.chat_template,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, tools=tools,
                 continue_final_message=continue_final_message, **(template_kwargs or {}))
         except Exception as exc:  # no template, jinja errors (roles must alternate): input
             raise OpenAIError(f"Chat template failed: {exc}", 400, "messages") from exc
@@ -43,10 +50,12 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         top = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(top, "top_logprobs")
+        parse_tools = self._parses_tool_calls(request)
         prompt = self.render_chat(
             request.messages, add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            chat_template=request.chat_template, template_kwargs=request.chat_template_kwargs)
+            chat_template=request.chat_template, template_kwargs=request.chat_template_kwargs,
+            tools=[t.model_dump() for t in request.tools] if request.tools else None)
         prompt_ids = self.tokenize(prompt, request.add_special_tokens)
         param = "max_completion_tokens" if request.max_completion_tokens is not None \
             else "max_tokens"
@@ -57,11 +66,32 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens=max_tokens, **request.sampling_kwargs(), **extra)
         request_id = request.request_id or random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt_ids], params)
+        parser = self.tool_parser if parse_tools else None
         if request.stream:
-            return StreamingResponse(self._stream(request, request_id, streams, prompt_ids),
+            return StreamingResponse(self._stream(request, request_id, streams, prompt_ids, parser),
                                      media_type="text/event-stream")
         (final,) = await collect_final(streams, raw_request)
-        return JSONResponse(self._response(request, request_id, final, prompt_ids))
+        return JSONResponse(self._response(request, request_id, final, prompt_ids, parser))
+
+    def _parses_tool_calls(self, request: ChatCompletionRequest) -> bool:
+        """Whether the output is parsed for tool calls (tool_choice "auto" with tools, as
+        vLLM: only with a parser); a 400 naming tool_choice for what cannot be served."""
+        choice = request.tool_choice
+        if choice is None:
+            choice = "auto" if request.tools else "none"
+        if choice != "none" and not request.tools:
+            raise OpenAIError(f"tool_choice {choice!r} needs tools", 400, "tool_choice")
+        if choice == "none":
+            return False
+        if choice != "auto":
+            raise OpenAIError(f"tool_choice {choice!r} is not supported: forcing a call needs "
+                              "structured outputs, which this server does not have; use \"auto\" "
+                              "or \"none\"", 400, "tool_choice")
+        if self.tool_parser is None:
+            raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '
+                              '--tool-call-parser to be set (or send tool_choice "none")', 400,
+                              "tool_choice")
+        return True
 
     def _logprobs(self, token_ids: list[int], steps: list[Any], num_top: int) -> dict:
         """Chat-style logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
@@ -82,7 +112,7 @@ class OpenAIServingChat(OpenAIServing):
         return {"content": content}
 
     def _response(self, request: ChatCompletionRequest, request_id: str, final: Any,
-                  prompt_ids: list[int]) -> dict[str, Any]:
+                  prompt_ids: list[int], parser: HermesToolParser | None) -> dict[str, Any]:
         choices, num_generated = [], 0
         for out in final.outputs:
             num_generated += len(out.token_ids)
@@ -90,10 +120,16 @@ class OpenAIServingChat(OpenAIServing):
             if request.logprobs:
                 logprobs = self._logprobs(out.token_ids, out.logprobs or [],
                                           request.top_logprobs or 0)
-            choice = {"index": out.index,
-                      "message": {"role": "assistant", "content": out.text},
-                      "logprobs": logprobs, "finish_reason": out.finish_reason,
-                      "stop_reason": out.stop_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            finish_reason = out.finish_reason
+            if parser is not None:
+                content, calls = parser.extract(out.text)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [c.to_dict() for c in calls]}
+                    finish_reason = "tool_calls"
+            choice = {"index": out.index, "message": message, "logprobs": logprobs,
+                      "finish_reason": finish_reason, "stop_reason": out.stop_reason}
             if request.return_token_ids:
                 choice["token_ids"] = out.token_ids
             choices.append(choice)
@@ -106,7 +142,7 @@ class OpenAIServingChat(OpenAIServing):
         return response
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, streams: list,
-                      prompt_ids: list[int]) -> AsyncIterator[str]:
+                      prompt_ids: list[int], parser: HermesToolParser | None) -> AsyncIterator[str]:
         encode = ChunkEncoder({"id": request_id, "object": "chat.completion.chunk",
                                "created": now_s(), "model": self.model_name})
 
@@ -129,6 +165,7 @@ class OpenAIServingChat(OpenAIServing):
         sent_tokens = [0] * request.n
         sent_chars = [0] * request.n
         finished = [False] * request.n
+        tool_calls = [StreamingToolCalls(parser) for _ in range(request.n)] if parser else None
         try:
             async for _, out in merge_streams(streams):
                 for comp in out.outputs:
@@ -136,18 +173,28 @@ class OpenAIServingChat(OpenAIServing):
                     if finished[i]:
                         continue
                     delta_ids = comp.token_ids[sent_tokens[i]:]
-                    delta_text = comp.text[sent_chars[i]:]
-                    if delta_ids or delta_text:
+                    delta = {"content": comp.text[sent_chars[i]:]}
+                    if tool_calls is not None:
+                        stream = tool_calls[i]
+                        first = stream.num_calls
+                        delta["content"], calls = stream.feed(comp.text, comp.finish_reason is not None)
+                        if calls:
+                            delta["tool_calls"] = [{"index": first + k, **c.to_dict()}
+                                                   for k, c in enumerate(calls)]
+                    if delta_ids or delta["content"] or "tool_calls" in delta:
                         logprobs = None
                         if request.logprobs:
                             logprobs = self._logprobs(
                                 delta_ids, (comp.logprobs or [])[sent_tokens[i]:],
                                 request.top_logprobs or 0)
-                        yield chunk(i, {"content": delta_text}, logprobs, token_ids=delta_ids)
+                        yield chunk(i, delta, logprobs, token_ids=delta_ids)
                     sent_tokens[i], sent_chars[i] = len(comp.token_ids), len(comp.text)
                     if comp.finish_reason is not None:
                         finished[i] = True
-                        yield chunk(i, {}, None, comp.finish_reason, comp.stop_reason)
+                        reason = comp.finish_reason
+                        if tool_calls is not None and tool_calls[i].num_calls:
+                            reason = "tool_calls"
+                        yield chunk(i, {}, None, reason, comp.stop_reason)
             if request.include_usage_in_stream:
                 yield encode(choices=[], usage=usage_dict(len(prompt_ids), sum(sent_tokens)))
         except (OpenAIError, RuntimeError, ValueError) as exc:

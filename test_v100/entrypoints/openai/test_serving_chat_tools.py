@@ -1,0 +1,172 @@
+"""Tool calling on /v1/chat/completions (--enable-auto-tool-choice --tool-call-parser hermes):
+the handler over an engine that replays a scripted output, its responses and streams read back
+with the openai client's own types; the flags on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from test_v100.entrypoints.openai.conftest import MODEL_NAME, SERVER_ARGS
+from test_v100.entrypoints.openai.utils import RemoteServer
+from test_v100.worker.tiny_models import build_tokenizer
+from vllm_volta.entrypoints.openai.errors import OpenAIError
+from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm_volta.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm_volta.outputs import CompletionOutput, RequestOutput
+
+# A Qwen-style template: tools in the system turn, earlier calls and tool results rendered.
+TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t.function.name }} "
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                            "parameters": {"type": "object"}}}]
+OUTPUT = ('I will look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+          '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')
+MESSAGES = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
+    {"role": "user", "content": "And Paris and Rome?"}]
+
+
+class _Stream:
+    """What add_requests returns: the scripted cumulative outputs, in steps."""
+
+    def __init__(self, steps: list[RequestOutput]) -> None:
+        self.steps = steps
+
+    def __aiter__(self):
+        return self._gen()
+
+    async def _gen(self):
+        for out in self.steps:
+            yield out
+
+    def close(self) -> None:
+        pass
+
+
+def _handler(parser: str | None = "hermes") -> OpenAIServingChat:
+    engine = SimpleNamespace(get_tokenizer=build_tokenizer)
+    return OpenAIServingChat(engine, [MODEL_NAME], max_model_len=4096, vocab_size=384,
+                             chat_template=TEMPLATE, tool_call_parser=parser)
+
+
+def _scripted(handler, text: str, cuts: list[int], seen: dict) -> None:
+    async def add_requests(request_id, prompts, params):
+        seen["prompt"] = handler.tokenizer.decode(prompts[0])
+        steps = [RequestOutput(request_id, None, prompts[0], None, [CompletionOutput(
+            0, text[:cut], list(range(cut // 8)), None, None, "stop" if cut == len(text) else None)],
+            cut == len(text)) for cut in cuts]
+        return [_Stream(steps)]
+
+    handler.add_requests = add_requests
+
+
+def _request(**kwargs) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, **kwargs)
+
+
+def test_response_carries_the_calls():
+    handler, seen = _handler(), {}
+    _scripted(handler, OUTPUT, [len(OUTPUT)], seen)
+    resp = asyncio.run(handler.create_chat_completion(_request()))
+    parsed = ChatCompletion.model_validate(json.loads(resp.body))
+    choice = parsed.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "I will look.\n"
+    calls = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+    assert calls[0].id != calls[1].id
+    # The template saw the tools, the earlier call (its arguments as a dict) and its result.
+    assert "Tools: get_weather" in seen["prompt"]
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in seen["prompt"]
+    assert "<|im_start|>tool\n-3 C" in seen["prompt"]
+
+
+@pytest.mark.parametrize("cuts", [[5, 20, 40, 60, 90, 130, 160], list(range(1, len(OUTPUT), 3))])
+def test_stream_adds_up_to_the_response(cuts):
+    handler = _handler()
+    _scripted(handler, OUTPUT, cuts + [len(OUTPUT)], {})
+
+    async def collect():
+        resp = await handler.create_chat_completion(_request(stream=True))
+        return [part async for part in resp.body_iterator]
+
+    events = [line[len("data: "):] for part in asyncio.run(collect())
+              for line in part.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    content, calls, reasons = "", {}, []
+    for event in events[:-1]:
+        chunk = ChatCompletionChunk.model_validate(json.loads(event))
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:  # as clients accumulate them
+                entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+    assert content == "I will look.\n" and reasons == ["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+
+
+def test_tool_choice_none_and_no_call_keep_plain_content():
+    handler = _handler()
+    _scripted(handler, OUTPUT, [len(OUTPUT)], {})
+    resp = asyncio.run(handler.create_chat_completion(_request(tool_choice="none")))
+    message = json.loads(resp.body)["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": OUTPUT}
+    _scripted(handler, "Sunny.", [6], {})
+    body = json.loads(asyncio.run(handler.create_chat_completion(_request())).body)
+    assert body["choices"][0]["message"]["content"] == "Sunny."
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("parser,kwargs,message", [
+    ("hermes", {"tool_choice": "required"}, "not supported: forcing a call"),
+    ("hermes", {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     "not supported: forcing a call"),
+    (None, {}, '"auto" tool choice requires --enable-auto-tool-choice'),
+])
+def test_what_cannot_be_served_is_a_400_naming_tool_choice(parser, kwargs, message):
+    with pytest.raises(OpenAIError, match=message) as info:
+        asyncio.run(_handler(parser).create_chat_completion(_request(**kwargs)))
+    assert (info.value.status, info.value.param) == (400, "tool_choice")
+    with pytest.raises(OpenAIError, match="needs tools"):
+        asyncio.run(_handler().create_chat_completion(ChatCompletionRequest(
+            model=MODEL_NAME, messages=MESSAGES, tool_choice="auto")))
+
+
+def test_server_flags(tiny_model, tmp_path):
+    """--enable-auto-tool-choice needs --tool-call-parser; with both, a request with tools is
+    served (the random model writes no call: plain content)."""
+    from vllm_volta.entrypoints.cli import parse_args
+    from vllm_volta.entrypoints.openai.cli_args import tool_call_parser
+
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice requires --tool-call-parser"):
+        tool_call_parser(parse_args(["serve", "--enable-auto-tool-choice"]))
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--tool-call-parser", "nope"])
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATE)
+    args = ["--model", tiny_model, *SERVER_ARGS, "--chat-template", str(template),
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--no-engine-process"]
+    with RemoteServer(args) as srv:
+        resp = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL_NAME, "messages": MESSAGES[:1], "tools": TOOLS, "max_tokens": 4})
+        assert resp.status_code == 200, resp.text
+        assert ChatCompletion.model_validate(resp.json()).choices[0].message.role == "assistant"

@@ -1,0 +1,105 @@
+"""Tool calls in generated text (vLLM's ``--tool-call-parser``).
+
+``hermes``: the format of Hermes, Qwen2.5 and Qwen3 chat templates: each call is a JSON object
+``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; text before
+the first tag is the message content. A model output whose tagged blocks are not such objects is
+returned as plain content, as vLLM does.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class HermesToolParser:
+    """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks."""
+
+    start = "<tool_call>"
+    end = "</tool_call>"
+    _blocks = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole output; (text, []) when it holds no valid call."""
+        if self.start not in text:
+            return text, []
+        try:
+            calls = [self._call(body) for body in self._blocks.findall(text)]
+        except ValueError:
+            return text, []
+        content = text[:text.index(self.start)]
+        return (content if content.strip() else None), calls
+
+    @staticmethod
+    def _call(body: str) -> ToolCall:
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {body!r}") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            raise ValueError(f"not a tool call: {body!r}")
+        return ToolCall(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False))
+
+
+class StreamingToolCalls:
+    """One choice's stream: ``feed(text so far)`` returns the content and the calls that are
+    now certain. Content is held back while it may be the start of a tag; a call is sent once
+    its closing tag arrived (an unclosed last one at ``feed(..., final=True)``), with all its
+    arguments at once. A tagged block that is no tool call is sent as content; text between
+    and after blocks is dropped, as ``extract`` drops it."""
+
+    def __init__(self, parser: HermesToolParser) -> None:
+        self.parser = parser
+        self._content_sent = 0  # characters of content sent
+        self._pos: int | None = None  # where parsing resumes once the first tag was seen
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        start, end = self.parser.start, self.parser.end
+        if self._pos is None:
+            first = text.find(start)
+            if first < 0:
+                safe = len(text) if final else len(text) - _partial_suffix(text, start)
+                content = text[self._content_sent:safe]
+                self._content_sent = max(self._content_sent, safe)
+                return content, []
+            content, self._pos = text[self._content_sent:first], first
+        else:
+            content = ""
+        calls = []
+        while (tag := text.find(start, self._pos)) >= 0:
+            close = text.find(end, tag)
+            if close < 0 and not final:
+                break
+            body_end = len(text) if close < 0 else close
+            block_end = len(text) if close < 0 else close + len(end)
+            try:
+                calls.append(self.parser._call(text[tag + len(start):body_end]))
+            except ValueError:
+                content += text[tag:block_end]
+            self._pos = block_end
+        self.num_calls += len(calls)
+        return content, calls
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+TOOL_PARSERS = {"hermes": HermesToolParser}
