@@ -96,10 +96,16 @@ def test_response_carries_the_calls():
     assert "<|im_start|>tool\n-3 C" in seen["prompt"]
 
 
-@pytest.mark.parametrize("cuts", [[5, 20, 40, 60, 90, 130, 160], list(range(1, len(OUTPUT), 3))])
-def test_stream_adds_up_to_the_response(cuts):
-    handler = _handler()
-    _scripted(handler, OUTPUT, cuts + [len(OUTPUT)], {})
+LLAMA_OUTPUT = ('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                '{"name": "get_weather", "parameters": {"city": "Rome"}}')
+
+
+@pytest.mark.parametrize("parser,output,content", [("hermes", OUTPUT, "I will look.\n"),
+                                                   ("llama3_json", LLAMA_OUTPUT, "")])
+@pytest.mark.parametrize("step", [23, 3])
+def test_stream_adds_up_to_the_response(parser, output, content, step):
+    handler = _handler(parser)
+    _scripted(handler, output, list(range(step, len(output), step)) + [len(output)], {})
 
     async def collect():
         resp = await handler.create_chat_completion(_request(stream=True))
@@ -108,18 +114,18 @@ def test_stream_adds_up_to_the_response(cuts):
     events = [line[len("data: "):] for part in asyncio.run(collect())
               for line in part.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    content, calls, reasons = "", {}, []
+    streamed, calls, reasons = "", {}, []
     for event in events[:-1]:
         chunk = ChatCompletionChunk.model_validate(json.loads(event))
         for choice in chunk.choices:
-            content += choice.delta.content or ""
+            streamed += choice.delta.content or ""
             for call in choice.delta.tool_calls or []:  # as clients accumulate them
                 entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
                 entry["name"] += call.function.name or ""
                 entry["arguments"] += call.function.arguments or ""
             if choice.finish_reason:
                 reasons.append(choice.finish_reason)
-    assert content == "I will look.\n" and reasons == ["tool_calls"]
+    assert streamed == content and reasons == ["tool_calls"]
     assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
         ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
 

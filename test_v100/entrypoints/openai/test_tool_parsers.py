@@ -1,5 +1,5 @@
-"""The hermes tool-call parser: whole outputs, and streams cut at every kind of boundary give
-the same content and calls."""
+"""The tool-call parsers (hermes, llama3_json): whole outputs, and streams cut at every kind of
+boundary give the same content and calls."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import random
 
 import pytest
 
-from vllm_volta.entrypoints.openai.tool_parsers import HermesToolParser, StreamingToolCalls
+from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, HermesToolParser, Llama3JsonToolParser,
+                                                        StreamingToolCalls)
 
 PARSER = HermesToolParser()
+LLAMA = Llama3JsonToolParser()
+LLAMA_CALLS = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+               '{"name": "now", "parameters": {}}')
 TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
              '"unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>')
 
@@ -39,21 +43,39 @@ def test_a_block_that_is_no_call_is_content(text):
     assert PARSER.extract("Hi " + text) == ("Hi " + text, [])
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_any_stream_split_gives_the_whole_outputs_result(seed):
+def test_llama3_json():
+    content, calls = LLAMA.extract(LLAMA_CALLS)
+    assert content is None
+    assert _calls(calls) == [("get_weather", {"city": "Paris"}), ("now", {})]
+    assert _calls(LLAMA.extract(' {"name": "f", "arguments": {"x": 1}}\n')[1]) == [("f", {"x": 1})]
+    for text in ("The answer is {42}.", '{"name": "f", "parameters": {}} and more text',
+                 '{"name": "f", "parameters": [1]}', '{"parameters": {}}', "{not json"):
+        assert LLAMA.extract(text) == (text, [])
+
+
+@pytest.mark.parametrize("parser,text", [
+    (PARSER, TWO_CALLS), (PARSER, "No tools needed: the answer is <tool_c... no, 42."),
+    (LLAMA, LLAMA_CALLS), (LLAMA, '  {"name": "f", "parameters": {"q": "x"}}'),
+    (LLAMA, "Plain answer { with a brace"), (LLAMA, "<|python_ta and then plain text")])
+@pytest.mark.parametrize("seed", range(8))
+def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
     rng = random.Random(seed)
-    text = TWO_CALLS if seed % 2 else "No tools needed: the answer is <tool_c... no, 42."
-    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 30))) + [len(text)]
-    stream, content, calls = StreamingToolCalls(PARSER), "", []
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 30)))) + [len(text)]
+    stream, content, calls = parser.streamer(), "", []
     for cut in cuts:
         delta, new = stream.feed(text[:cut], final=cut == len(text))
         content += delta
         calls += new
-        # Nothing is sent that could still turn out to be part of a tag.
-        assert "<tool_call" not in content
-    want_content, want_calls = PARSER.extract(text)
+        # Nothing is sent that could still turn out to be part of a tag or a call.
+        assert "<tool_call" not in content and not content.lstrip().startswith("{")
+    want_content, want_calls = parser.extract(text)
     assert content == (want_content or "") and _calls(calls) == _calls(want_calls)
     assert stream.num_calls == len(want_calls)
+
+
+def test_parsers_by_name():
+    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json"]
+    assert isinstance(PARSER.streamer(), StreamingToolCalls)
 
 
 def test_stream_holds_back_a_partial_tag_and_sends_a_bad_block_as_content():

@@ -30,7 +30,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(tool_choice \"auto\"); needs --tool-call-parser.")
     group.add_argument("--tool-call-parser", type=str, default=None, choices=sorted(TOOL_PARSERS),
                        help="How the model writes tool calls: hermes (<tool_call>{json}</tool_call>: "
-                            "Qwen2.5, Qwen3, Hermes).")
+                            "Qwen2.5, Qwen3, Hermes) or llama3_json (Llama 3.1-3.3 JSON calls).")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
     group.add_argument("--disable-uvicorn-access-log", action="store_true",

@@ -13,8 +13,7 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
-from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, HermesToolParser,
-                                                        StreamingToolCalls)
+from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
@@ -112,7 +111,7 @@ class OpenAIServingChat(OpenAIServing):
         return {"content": content}
 
     def _response(self, request: ChatCompletionRequest, request_id: str, final: Any,
-                  prompt_ids: list[int], parser: HermesToolParser | None) -> dict[str, Any]:
+                  prompt_ids: list[int], parser: ToolParser | None) -> dict[str, Any]:
         choices, num_generated = [], 0
         for out in final.outputs:
             num_generated += len(out.token_ids)
@@ -142,7 +141,7 @@ class OpenAIServingChat(OpenAIServing):
         return response
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, streams: list,
-                      prompt_ids: list[int], parser: HermesToolParser | None) -> AsyncIterator[str]:
+                      prompt_ids: list[int], parser: ToolParser | None) -> AsyncIterator[str]:
         encode = ChunkEncoder({"id": request_id, "object": "chat.completion.chunk",
                                "created": now_s(), "model": self.model_name})
 
@@ -165,7 +164,7 @@ class OpenAIServingChat(OpenAIServing):
         sent_tokens = [0] * request.n
         sent_chars = [0] * request.n
         finished = [False] * request.n
-        tool_calls = [StreamingToolCalls(parser) for _ in range(request.n)] if parser else None
+        tool_calls = [parser.streamer() for _ in range(request.n)] if parser else None
         try:
             async for _, out in merge_streams(streams):
                 for comp in out.outputs:

@@ -1,9 +1,15 @@
 """Tool calls in generated text (vLLM's ``--tool-call-parser``).
 
-``hermes``: the format of Hermes, Qwen2.5 and Qwen3 chat templates: each call is a JSON object
-``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; text before
-the first tag is the message content. A model output whose tagged blocks are not such objects is
-returned as plain content, as vLLM does.
+- ``hermes``: the format of Hermes, Qwen2.5 and Qwen3 chat templates: each call is a JSON object
+  ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``; text before
+  the first tag is the message content.
+- ``llama3_json``: Llama 3.1 / 3.2 / 3.3 (JSON tool calling): the whole output is one or more
+  ``{"name": ..., "parameters": {...}}`` objects separated by ``;``, after an optional
+  ``<|python_tag|>``.
+
+An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
+parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
+final)`` returns the content and the calls that are certain by then.
 """
 from __future__ import annotations
 
@@ -48,9 +54,75 @@ class HermesToolParser:
             obj = json.loads(body)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON: {body!r}") from exc
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            raise ValueError(f"not a tool call: {body!r}")
-        return ToolCall(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False))
+        return _tool_call(obj, "arguments")
+
+    def streamer(self) -> StreamingToolCalls:
+        return StreamingToolCalls(self)
+
+
+def _tool_call(obj: object, arguments_key: str) -> ToolCall:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError(f"not a tool call: {obj!r}")
+    arguments = obj.get(arguments_key, {})
+    if not isinstance(arguments, dict):
+        raise ValueError(f"tool call {arguments_key} must be an object: {obj!r}")
+    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class Llama3JsonToolParser:
+    """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}`` (``; `` between calls)."""
+
+    python_tag = "<|python_tag|>"
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        body = text.strip()
+        if body.startswith(self.python_tag):
+            body = body[len(self.python_tag):].lstrip()
+        if not body.startswith("{"):
+            return text, []
+        decoder, calls, pos = json.JSONDecoder(), [], 0
+        try:
+            while pos < len(body):
+                obj, pos = decoder.raw_decode(body, pos)
+                calls.append(_tool_call(obj, "parameters" if "parameters" in obj else "arguments"))
+                while pos < len(body) and body[pos] in " \t\n;":
+                    pos += 1
+        except (ValueError, TypeError):
+            return text, []
+        return None, calls
+
+    def streamer(self) -> BufferedToolCalls:
+        return BufferedToolCalls(self)
+
+
+class BufferedToolCalls:
+    """A stream for formats whose calls are the whole output: content streams as it comes
+    unless the output starts like a call (``{`` or the python tag), which is held to the end
+    and parsed whole."""
+
+    def __init__(self, parser: Llama3JsonToolParser) -> None:
+        self.parser = parser
+        self._held: bool | None = None  # None: undecided (only blanks or a tag prefix so far)
+        self._sent = 0
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if self._held is None:
+            head, tag = text.lstrip(), self.parser.python_tag
+            if head.startswith(("{", tag)):
+                self._held = True
+            elif head and not tag.startswith(head):
+                self._held = False
+            elif not final:
+                return "", []
+        if self._held and final:
+            content, calls = self.parser.extract(text)
+            self.num_calls += len(calls)
+            return content or "", calls
+        if self._held:
+            return "", []
+        content, self._sent = text[self._sent:], len(text)
+        return content, []
 
 
 class StreamingToolCalls:
@@ -102,4 +174,6 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-TOOL_PARSERS = {"hermes": HermesToolParser}
+ToolParser = HermesToolParser | Llama3JsonToolParser
+TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser,
+                                             "llama3_json": Llama3JsonToolParser}
