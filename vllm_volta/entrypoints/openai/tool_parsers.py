@@ -42,14 +42,14 @@ class HermesToolParser:
         if self.start not in text:
             return text, []
         try:
-            calls = [self._call(body) for body in self._blocks.findall(text)]
+            calls = [self.parse_call(body) for body in self._blocks.findall(text)]
         except ValueError:
             return text, []
         content = text[:text.index(self.start)]
         return (content if content.strip() else None), calls
 
     @staticmethod
-    def _call(body: str) -> ToolCall:
+    def parse_call(body: str) -> ToolCall:
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -158,7 +158,7 @@ class StreamingToolCalls:
             body_end = len(text) if close < 0 else close
             block_end = len(text) if close < 0 else close + len(end)
             try:
-                calls.append(self.parser._call(text[tag + len(start):body_end]))
+                calls.append(self.parser.parse_call(text[tag + len(start):body_end]))
             except ValueError:
                 content += text[tag:block_end]
             self._pos = block_end
