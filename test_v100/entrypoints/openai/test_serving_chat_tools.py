@@ -1,6 +1,7 @@
-"""Tool calling on /v1/chat/completions (--enable-auto-tool-choice --tool-call-parser hermes):
-the handler over an engine that replays a scripted output, its responses and streams read back
-with the openai client's own types; the flags on a real server."""
+"""Tool calling (--enable-auto-tool-choice --tool-call-parser) and reasoning
+(--reasoning-parser) on /v1/chat/completions: the handler over an engine that replays a scripted
+output, its responses and streams read back with the openai client's own types; the flags on a
+real server."""
 
 from __future__ import annotations
 
@@ -57,10 +58,10 @@ class _Stream:
         pass
 
 
-def _handler(parser: str | None = "hermes") -> OpenAIServingChat:
+def _handler(parser: str | None = "hermes", reasoning: str | None = None) -> OpenAIServingChat:
     engine = SimpleNamespace(get_tokenizer=build_tokenizer)
     return OpenAIServingChat(engine, [MODEL_NAME], max_model_len=4096, vocab_size=384,
-                             chat_template=TEMPLATE, tool_call_parser=parser)
+                             chat_template=TEMPLATE, tool_call_parser=parser, reasoning_parser=reasoning)
 
 
 def _scripted(handler, text: str, cuts: list[int], seen: dict) -> None:
@@ -107,27 +108,66 @@ def test_stream_adds_up_to_the_response(parser, output, content, step):
     handler = _handler(parser)
     _scripted(handler, output, list(range(step, len(output), step)) + [len(output)], {})
 
+    streamed, _, calls, reasons = _streamed(handler, _request(stream=True))
+    assert streamed == content and reasons == ["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+
+
+def _streamed(handler, request):
+    """(content, reasoning_content, {index: call}, finish reasons) as a client adds them up."""
     async def collect():
-        resp = await handler.create_chat_completion(_request(stream=True))
+        resp = await handler.create_chat_completion(request)
         return [part async for part in resp.body_iterator]
 
     events = [line[len("data: "):] for part in asyncio.run(collect())
               for line in part.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    streamed, calls, reasons = "", {}, []
+    content, reasoning, calls, reasons = "", "", {}, []
     for event in events[:-1]:
         chunk = ChatCompletionChunk.model_validate(json.loads(event))
         for choice in chunk.choices:
-            streamed += choice.delta.content or ""
+            content += choice.delta.content or ""
+            reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
             for call in choice.delta.tool_calls or []:  # as clients accumulate them
                 entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
                 entry["name"] += call.function.name or ""
                 entry["arguments"] += call.function.arguments or ""
             if choice.finish_reason:
                 reasons.append(choice.finish_reason)
-    assert streamed == content and reasons == ["tool_calls"]
-    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == [
-        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+    return content, reasoning, calls, reasons
+
+
+THINKING = "<think>\nThe user wants two cities.\n</think>\n\n" + OUTPUT
+
+
+@pytest.mark.parametrize("step", [0, 17, 2])
+def test_reasoning_apart_from_content_and_calls(step):
+    """qwen3 reasoning with hermes calls: the <think> block goes to reasoning_content, the calls
+    are parsed from what follows; streamed (step > 0) or whole."""
+    handler = _handler("hermes", "qwen3")
+    cuts = list(range(step, len(THINKING), step)) if step else []
+    _scripted(handler, THINKING, cuts + [len(THINKING)], {})
+    if not step:
+        message = json.loads(asyncio.run(handler.create_chat_completion(_request())).body)["choices"][0]["message"]
+        assert message["reasoning_content"] == "\nThe user wants two cities.\n"
+        assert message["content"] == "\n\nI will look.\n"
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_weather"]
+        return
+    content, reasoning, calls, reasons = _streamed(handler, _request(stream=True))
+    assert reasoning == "\nThe user wants two cities.\n" and content == "\n\nI will look.\n"
+    assert [json.loads(c["arguments"]) for _, c in sorted(calls.items())] == [{"city": "Paris"}, {"city": "Rome"}]
+    assert reasons == ["tool_calls"]
+
+
+def test_reasoning_without_tools():
+    handler = _handler(None, "deepseek_r1")
+    text = "Two plus two.</think>4"
+    _scripted(handler, text, [5, 16, len(text)], {})
+    plain = ChatCompletionRequest(model=MODEL_NAME, messages=MESSAGES[:1])
+    assert _streamed(handler, plain.model_copy(update={"stream": True}))[:2] == ("4", "Two plus two.")
+    message = json.loads(asyncio.run(handler.create_chat_completion(plain)).body)["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Two plus two.", "4")
 
 
 def test_tool_choice_none_and_no_call_keep_plain_content():
@@ -167,12 +207,15 @@ def test_server_flags(tiny_model, tmp_path):
         tool_call_parser(parse_args(["serve", "--enable-auto-tool-choice"]))
     with pytest.raises(SystemExit):
         parse_args(["serve", "--tool-call-parser", "nope"])
+    assert parse_args(["serve", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE)
     args = ["--model", tiny_model, *SERVER_ARGS, "--chat-template", str(template),
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--no-engine-process"]
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+            "--no-engine-process"]
     with RemoteServer(args) as srv:
         resp = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
             "model": MODEL_NAME, "messages": MESSAGES[:1], "tools": TOOLS, "max_tokens": 4})
         assert resp.status_code == 200, resp.text
-        assert ChatCompletion.model_validate(resp.json()).choices[0].message.role == "assistant"
+        message = ChatCompletion.model_validate(resp.json()).choices[0].message
+        assert message.role == "assistant" and "reasoning_content" in message.model_extra

@@ -81,7 +81,9 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     chat_template = load_chat_template(args.chat_template)
     completions = OpenAIServingCompletion(engine, names, **limits)
     tokenization = OpenAIServingTokenization(engine, names, chat_template=chat_template,
-                                             tool_call_parser=tool_call_parser(args), **limits)
+                                             tool_call_parser=tool_call_parser(args),
+                                             reasoning_parser=getattr(args, "reasoning_parser", None),
+                                             **limits)
     chat = tokenization  # the tokenization handler is a chat handler too
     metrics = ServerMetrics(names[0])
     engine.stat_loggers.append(metrics)

@@ -11,6 +11,7 @@ import argparse
 import os
 from typing import Any
 
+from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 
@@ -31,6 +32,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tool-call-parser", type=str, default=None, choices=sorted(TOOL_PARSERS),
                        help="How the model writes tool calls: hermes (<tool_call>{json}</tool_call>: "
                             "Qwen2.5, Qwen3, Hermes) or llama3_json (Llama 3.1-3.3 JSON calls).")
+    group.add_argument("--reasoning-parser", type=str, default=None, choices=sorted(REASONING_PARSERS),
+                       help="Put the <think> part of chat outputs in reasoning_content: qwen3 "
+                            "(a block the output opens) or deepseek_r1 (reasoning up to </think>).")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
     group.add_argument("--disable-uvicorn-access-log", action="store_true",

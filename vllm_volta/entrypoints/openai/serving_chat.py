@@ -13,6 +13,7 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
+from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningStream
 from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
@@ -21,12 +22,15 @@ class OpenAIServingChat(OpenAIServing):
     """Handler of /v1/chat/completions (and chat-style /tokenize)."""
 
     def __init__(self, *args: Any, chat_template: str | None = None,
-                 tool_call_parser: str | None = None, **kwargs: Any) -> None:
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 **kwargs: Any) -> None:
         """``tool_call_parser``: the parser of --enable-auto-tool-choice --tool-call-parser NAME;
-        without it, requests may pass tools to the template only with tool_choice "none"."""
+        without it, requests may pass tools to the template only with tool_choice "none".
+        ``reasoning_parser``: --reasoning-parser NAME (reasoning_content apart from content)."""
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
         self.tool_parser = TOOL_PARSERS[tool_call_parser]() if tool_call_parser else None
+        self.reasoning_parser = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
 
     def render_chat(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template: str | None = None,
@@ -119,13 +123,16 @@ class OpenAIServingChat(OpenAIServing):
             if request.logprobs:
                 logprobs = self._logprobs(out.token_ids, out.logprobs or [],
                                           request.top_logprobs or 0)
-            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            reasoning, content = (self.reasoning_parser.split(out.text) if self.reasoning_parser
+                                  else (None, out.text))
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if self.reasoning_parser is not None:
+                message["reasoning_content"] = reasoning
             finish_reason = out.finish_reason
-            if parser is not None:
-                content, calls = parser.extract(out.text)
+            if parser is not None and content:
+                message["content"], calls = parser.extract(content)
                 if calls:
-                    message = {"role": "assistant", "content": content,
-                               "tool_calls": [c.to_dict() for c in calls]}
+                    message["tool_calls"] = [c.to_dict() for c in calls]
                     finish_reason = "tool_calls"
             choice = {"index": out.index, "message": message, "logprobs": logprobs,
                       "finish_reason": finish_reason, "stop_reason": out.stop_reason}
@@ -165,22 +172,31 @@ class OpenAIServingChat(OpenAIServing):
         sent_chars = [0] * request.n
         finished = [False] * request.n
         tool_calls = [parser.streamer() for _ in range(request.n)] if parser else None
+        reasoning = ([ReasoningStream(self.reasoning_parser) for _ in range(request.n)]
+                     if self.reasoning_parser else None)
         try:
             async for _, out in merge_streams(streams):
                 for comp in out.outputs:
                     i = comp.index
                     if finished[i]:
                         continue
+                    done = comp.finish_reason is not None
                     delta_ids = comp.token_ids[sent_tokens[i]:]
                     delta = {"content": comp.text[sent_chars[i]:]}
+                    content_so_far = comp.text
+                    if reasoning is not None:
+                        thought, delta["content"] = reasoning[i].feed(comp.text, done)
+                        content_so_far = reasoning[i].content
+                        if thought:
+                            delta["reasoning_content"] = thought
                     if tool_calls is not None:
                         stream = tool_calls[i]
                         first = stream.num_calls
-                        delta["content"], calls = stream.feed(comp.text, comp.finish_reason is not None)
+                        delta["content"], calls = stream.feed(content_so_far, done)
                         if calls:
                             delta["tool_calls"] = [{"index": first + k, **c.to_dict()}
                                                    for k, c in enumerate(calls)]
-                    if delta_ids or delta["content"] or "tool_calls" in delta:
+                    if delta_ids or delta["content"] or len(delta) > 1:
                         logprobs = None
                         if request.logprobs:
                             logprobs = self._logprobs(
@@ -188,7 +204,7 @@ class OpenAIServingChat(OpenAIServing):
                                 request.top_logprobs or 0)
                         yield chunk(i, delta, logprobs, token_ids=delta_ids)
                     sent_tokens[i], sent_chars[i] = len(comp.token_ids), len(comp.text)
-                    if comp.finish_reason is not None:
+                    if done:
                         finished[i] = True
                         reason = comp.finish_reason
                         if tool_calls is not None and tool_calls[i].num_calls:

@@ -143,7 +143,7 @@ class StreamingToolCalls:
         if self._pos is None:
             first = text.find(start)
             if first < 0:
-                safe = len(text) if final else len(text) - _partial_suffix(text, start)
+                safe = len(text) if final else len(text) - partial_suffix(text, start)
                 content = text[self._content_sent:safe]
                 self._content_sent = max(self._content_sent, safe)
                 return content, []
@@ -166,7 +166,7 @@ class StreamingToolCalls:
         return content, calls
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that is a proper start of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
