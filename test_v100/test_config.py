@@ -116,3 +116,24 @@ def test_vllm_config_applies_platform_rules():
     assert config.cache_config.block_size == 16
     if not torch.cuda.is_available():
         assert config.cache_config.cpu_kvcache_space is not None  # filled from the env
+
+
+def test_generation_config_defaults(tmp_path):
+    import json
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+         "max_new_tokens": 512, "do_sample": True, "eos_token_id": [1, 2], "min_p": None}))
+    mc = ModelConfig(model="tiny", hf_config=tiny_config("llama"), dtype="float32",
+                     model_path=str(tmp_path))
+    assert mc.get_diff_sampling_param() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                                            "repetition_penalty": 1.05, "max_tokens": 512}
+    mc.generation_config = "vllm"
+    assert mc.get_diff_sampling_param() == {}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text('{"temperature": 0.1}')
+    assert ModelConfig(model="tiny", hf_config=tiny_config("llama"), dtype="float32",
+                       generation_config=str(other)).get_diff_sampling_param() == {"temperature": 0.1}
+    with pytest.raises(ValueError, match="generation_config must be 'auto', 'vllm' or a folder"):
+        ModelConfig(model="tiny", hf_config=tiny_config("llama"), dtype="float32",
+                    generation_config="nope")

@@ -6,7 +6,9 @@ allowed range) and resolve everything that depends on the model or the hardware
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,6 +100,9 @@ class ModelConfig:
     max_seq_len_to_capture: int = 8192
     max_logprobs: int = 20
     skip_tokenizer_init: bool = False
+    # Sampling defaults: "auto" = the model's generation_config.json (vLLM's default), "vllm" =
+    # vLLM's own, or a folder holding a generation_config.json.
+    generation_config: str = "auto"
     # Given directly (tests) or resolved from `model` in __post_init__.
     hf_config: Any = None
     model_path: str | None = None
@@ -112,6 +117,9 @@ class ModelConfig:
                  ">= 0", self.max_logprobs)
         _require(isinstance(self.max_seq_len_to_capture, int) and self.max_seq_len_to_capture >= 1,
                  "max_seq_len_to_capture", ">= 1", self.max_seq_len_to_capture)
+        _require(self.generation_config in ("auto", "vllm") or Path(self.generation_config).is_dir(),
+                 "generation_config", "'auto', 'vllm' or a folder with a generation_config.json",
+                 self.generation_config)
         if self.model is None:
             from vllm_volta.transformers_utils.default_model import (
                 DEFAULT_MODEL_NAME, get_default_model_path)
@@ -181,6 +189,24 @@ class ModelConfig:
     @property
     def tokenizer_source(self) -> str:
         return self.tokenizer or self.model_path or self.model
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """The sampling defaults the model's creator recommends (generation_config.json:
+        temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as max_tokens)
+        under generation_config="auto" or a folder; {} under "vllm" or without the file."""
+        if self.generation_config == "vllm":
+            return {}
+        folder = self.model_path if self.generation_config == "auto" else self.generation_config
+        path = Path(folder or "") / "generation_config.json"
+        if not path.is_file():
+            return {}
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"generation_config: {path} is not readable JSON ({exc})") from exc
+        names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+        return {ours: values[theirs] for theirs, ours in names.items() if values.get(theirs) is not None}
 
 
 @dataclass

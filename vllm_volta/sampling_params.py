@@ -264,3 +264,17 @@ class SamplingParams:
                 f"prompt_logprobs={self.prompt_logprobs}, "
                 f"skip_special_tokens={self.skip_special_tokens}, "
                 f"spaces_between_special_tokens={self.spaces_between_special_tokens})")
+
+
+def default_sampling_params(model_config: Any) -> dict[str, Any]:
+    """The model's recommended sampling defaults (ModelConfig.get_diff_sampling_param), logged
+    once when they replace vLLM's, as vLLM logs it."""
+    defaults = model_config.get_diff_sampling_param()
+    if defaults and not _logged_defaults:
+        _logged_defaults.append(True)
+        logger.info("Sampling defaults from the model's generation_config.json: %s (fields a "
+                    "request sets win; --generation-config vllm turns this off)", defaults)
+    return defaults
+
+
+_logged_defaults: list[bool] = []

@@ -162,3 +162,26 @@ def test_package_exports():
     assert isinstance(vllm_volta.__version__, str)
     with pytest.raises(AttributeError):
         vllm_volta.NotAThing  # noqa: B018
+
+
+def test_generation_config_sampling_defaults(tmp_path):
+    """generate() without sampling_params follows the model's generation_config.json (here:
+    greedy, 5 tokens), as vLLM's --generation-config auto does; "vllm" keeps vLLM's defaults."""
+    import json
+
+    from test_v100.worker.tiny_models import hf_greedy
+
+    hf = save_tiny_model(tmp_path, "llama")
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    config.update(temperature=0.0, top_p=0.9, max_new_tokens=5, do_sample=False)
+    (tmp_path / "generation_config.json").write_text(json.dumps(config))
+    prompt = random_prompts(1, 8, 8, seed=3)[0]
+    llm = LLM(str(tmp_path), cpu_kvcache_space=0.01, max_model_len=64, skip_tokenizer_init=True)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens) == (0.0, 5)
+    out = llm.generate([prompt], use_tqdm=False)[0].outputs[0]
+    assert list(out.token_ids) == hf_greedy(hf, prompt, 5)[:len(out.token_ids)]
+    assert len(out.token_ids) == 5 or out.finish_reason == "stop"
+    plain = LLM(str(tmp_path), cpu_kvcache_space=0.01, max_model_len=64, skip_tokenizer_init=True,
+                generation_config="vllm").get_default_sampling_params()
+    assert (plain.temperature, plain.top_p, plain.max_tokens) == (1.0, 1.0, 16)

@@ -55,6 +55,8 @@ _HELP = {
     "cuda_graph_sizes": "decode batch sizes to capture as CUDA graphs",
     "max_seq_len_to_capture": "longest context a CUDA-graph decode step may have (else eager)",
     "disable_log_stats": "do not log throughput and KV-cache usage every 5 s",
+    "generation_config": "sampling defaults for requests that leave them unset: auto (the model's "
+                         "generation_config.json), vllm (vLLM's own) or a folder with one",
 }
 
 
@@ -77,6 +79,7 @@ class EngineArgs:
     served_model_name: str | None = None
     skip_tokenizer_init: bool = False
     max_logprobs: int = 20
+    generation_config: str = "auto"
     # KV cache
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -120,6 +123,7 @@ class EngineArgs:
             cudagraph_mode=self.cudagraph_mode, cudagraph_metrics=self.cudagraph_metrics,
             max_seq_len_to_capture=self.max_seq_len_to_capture,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
+            generation_config=self.generation_config,
         )
         default_seqs, default_tokens = default_batch_limits(device_config.device)
         max_num_seqs = self.max_num_seqs or default_seqs

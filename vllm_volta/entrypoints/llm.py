@@ -10,7 +10,7 @@ from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.input_processor import PromptInput
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.outputs import CompletionOutput, RequestOutput
-from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.sampling_params import SamplingParams, default_sampling_params
 
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -59,6 +59,8 @@ class LLM:
         RequestOutput with `error` set and finish_reason "error"; the others still run.
         """
         prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = self._params_list(sampling_params, len(prompt_list))
         request_ids, results = [], {}
         for prompt, params in zip(prompt_list, params_list):
@@ -71,11 +73,14 @@ class LLM:
         self._run_engine(results, len(request_ids), use_tqdm)
         return [results[rid] for rid in request_ids]
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses without sampling_params: vLLM's defaults, or the model's
+        generation_config.json recommendations (generation_config="auto", the default)."""
+        return SamplingParams(**default_sampling_params(self.llm_engine.model_config))
+
     @staticmethod
-    def _params_list(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    def _params_list(sampling_params: SamplingParams | Sequence[SamplingParams],
                      num_prompts: int) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams()] * num_prompts
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         params = list(sampling_params)

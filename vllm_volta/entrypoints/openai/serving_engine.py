@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from vllm_volta.engine.async_llm import AsyncLLM, RequestError, RequestStream
 from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
-from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.sampling_params import SamplingParams, default_sampling_params
 
 # Logprobs of -inf are not valid JSON; clients get vLLM's floor instead.
 LOGPROB_FLOOR = -9999.0
@@ -40,6 +40,9 @@ class OpenAIServing:
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
         self.tokenizer = engine.get_tokenizer()
+        # The model's recommended sampling defaults (--generation-config), for unset fields.
+        model_config = getattr(engine, "model_config", None)
+        self.default_sampling = default_sampling_params(model_config) if model_config is not None else {}
 
     @property
     def model_name(self) -> str:
@@ -86,7 +89,7 @@ class OpenAIServing:
                     f"This model's maximum context length is {self.max_model_len} tokens. "
                     f"However, your prompt has {num_prompt_tokens} tokens. Please reduce the "
                     "length of the prompt.", 400, "prompt")
-            return room
+            return min(room, self.default_sampling.get("max_tokens", room))
         if requested > room:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. "
@@ -95,16 +98,16 @@ class OpenAIServing:
                 "Please reduce the length of the prompt or completion.", 400, param)
         return requested
 
-    @staticmethod
-    def make_sampling_params(renames: dict[str, str] | None = None,
+    def make_sampling_params(self, renames: dict[str, str] | None = None,
                              **kwargs: Any) -> SamplingParams:
-        """SamplingParams, with its ValueErrors turned into 400s.
+        """SamplingParams of the request's fields over the model's defaults, with its
+        ValueErrors turned into 400s.
 
         SamplingParams' messages start with the field name; ``renames`` maps a field
         to the request parameter that set it (e.g. logprobs -> top_logprobs).
         """
         try:
-            return SamplingParams(**kwargs)
+            return SamplingParams(**{**self.default_sampling, **kwargs})
         except (ValueError, TypeError) as exc:
             field = str(exc).split(" ", 1)[0]
             param = (renames or {}).get(field, field) if field in kwargs else None
