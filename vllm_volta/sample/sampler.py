@@ -112,9 +112,10 @@ class Sampler(nn.Module):
     """vLLM's sampling pipeline.
 
     Order: allowed_token_ids, min_tokens masking of stop/eos ids, logit_bias, penalties
-    (repetition on prompt + output, presence/frequency on output), greedy argmax for temperature-0 rows; for the others
-    temperature, top-k, top-p, min-p, then an exponential-race sample (on CUDA without
-    top-k/top-p/min-p: the same race fused into one pass, ``fused_random_sample``).
+    (repetition on prompt + output, presence/frequency on output), greedy argmax for
+    temperature-0 rows; for the others temperature, top-k, top-p, min-p, then an
+    exponential-race sample (on CUDA without top-k/top-p/min-p: the same race fused into one
+    pass, ``fused_random_sample``).
 
     With ``sampled_host`` (pinned, one int64 per row) the ids are written there by the sampling
     kernel itself where one kernel makes them (all rows greedy, or all random on the fused
