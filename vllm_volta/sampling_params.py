@@ -266,15 +266,16 @@ class SamplingParams:
                 f"spaces_between_special_tokens={self.spaces_between_special_tokens})")
 
 
+_logged_defaults = False
+
+
 def default_sampling_params(model_config: Any) -> dict[str, Any]:
     """The model's recommended sampling defaults (ModelConfig.get_diff_sampling_param), logged
     once when they replace vLLM's, as vLLM logs it."""
+    global _logged_defaults
     defaults = model_config.get_diff_sampling_param()
     if defaults and not _logged_defaults:
-        _logged_defaults.append(True)
+        _logged_defaults = True
         logger.info("Sampling defaults from the model's generation_config.json: %s (fields a "
                     "request sets win; --generation-config vllm turns this off)", defaults)
     return defaults
-
-
-_logged_defaults: list[bool] = []
