@@ -279,3 +279,26 @@ def default_sampling_params(model_config: Any) -> dict[str, Any]:
         logger.info("Sampling defaults from the model's generation_config.json: %s (fields a "
                     "request sets win; --generation-config vllm turns this off)", defaults)
     return defaults
+
+
+@dataclass
+class BeamSearchParams:
+    """LLM.beam_search's parameters (vLLM's names and defaults)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            _check_int(name, value)
+            if value < 1:
+                raise _range_error(name, "at least 1", value)
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise _range_error("temperature", "non-negative", self.temperature)
+        _check_number("length_penalty", self.length_penalty)

@@ -6,11 +6,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_volta.beam_search import BeamSearchOutput, beam_search
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.input_processor import PromptInput
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.outputs import CompletionOutput, RequestOutput
-from vllm_volta.sampling_params import SamplingParams, default_sampling_params
+from vllm_volta.sampling_params import BeamSearchParams, SamplingParams, default_sampling_params
 
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -109,6 +110,17 @@ class LLM:
         finally:
             if pbar is not None:
                 pbar.close()
+
+    # ---- beam search ------------------------------------------------------------------
+    def beam_search(self, prompts: PromptInput | Sequence[PromptInput],
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's beam search (vllm_volta/beam_search.py); outputs in input order, each with
+        its beams best first."""
+        ids = []
+        for prompt in _as_prompt_list(prompts):
+            _, token_ids = self.llm_engine.input_processor.tokenize(prompt)
+            ids.append(token_ids)
+        return beam_search(self, ids, params)
 
     # ---- chat -------------------------------------------------------------------------
     def chat(self, messages: Conversation | Sequence[Conversation],
