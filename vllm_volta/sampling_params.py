@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import json as _json
 import logging
 import math
 from collections.abc import Iterable
@@ -62,6 +63,42 @@ def _check_number(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a number, got {value!r}.")
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What a request's output must match (vLLM's names; exactly one field): a JSON schema
+    (``json``, a dict or its text), any JSON object (``json_object``), a regular expression,
+    one of the ``choice`` strings, or an EBNF ``grammar``."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs must set exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {given or 'none'}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"structured_outputs json must be a JSON schema (dict or text), got {self.json!r}.")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs {name} must be a non-empty string, got {value!r}.")
+        if self.choice is not None:
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError(f"structured_outputs choice must be a non-empty list of non-empty "
+                                 f"strings, got {self.choice!r}.")
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    def key(self) -> tuple:
+        """A hashable identity (compiled grammars are cached by it)."""
+        schema = self.json if not isinstance(self.json, dict) else _json.dumps(self.json, sort_keys=True)
+        return (schema, self.regex, self.choice, self.grammar, self.json_object)
+
+
 @dataclass
 class SamplingParams:
     """Sampling parameters of one request (vLLM's names, defaults and validation).
@@ -95,6 +132,8 @@ class SamplingParams:
     # string keys are accepted), and vLLM's allowed_token_ids: sampling only among these.
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Constrained decoding (JSON schema, regex, choice, grammar); a dict of its fields works too.
+    structured_outputs: StructuredOutputsParams | dict | None = None
     # Stop ids including the model's eos ids: masked out while min_tokens is unmet.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
     _eos_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -116,6 +155,15 @@ class SamplingParams:
             self.logit_bias = _token_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise ValueError(f"structured_outputs: {exc}") from None
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                    StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams or a dict, got "
+                             f"{self.structured_outputs!r}.")
         # OpenAI clients send logprobs=True meaning "the sampled token only".
         if self.logprobs is True:
             self.logprobs = 0
@@ -203,8 +251,10 @@ class SamplingParams:
 
     def reads_output_history(self, num_output_tokens: int) -> bool:
         """Whether the next token's sampling depends on the tokens generated so far: penalties,
-        or min_tokens not yet reached (stop ids are masked)."""
-        return self.has_penalties or num_output_tokens < self.min_tokens
+        min_tokens not yet reached (stop ids are masked), or structured outputs (the grammar
+        state)."""
+        return (self.has_penalties or num_output_tokens < self.min_tokens
+                or self.structured_outputs is not None)
 
     @property
     def all_stop_token_ids(self) -> set[int]:

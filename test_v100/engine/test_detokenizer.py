@@ -127,6 +127,17 @@ def test_cut_mid_character_is_flushed_at_finish(byte_level) -> None:
     assert final == byte_level.decode(partial) and deltas[-1].endswith("\ufffd")
 
 
+def test_prompt_cut_mid_character_leaves_its_bytes_out(byte_level) -> None:
+    """A prompt that ends inside a character: its stray bytes stay with the prompt (as in the
+    full decode), not at the head of the output text."""
+    prompt = byte_level.encode("say 🙂")[:-1]
+    assert byte_level.decode(prompt).endswith("\ufffd")
+    output = byte_level.encode(" no, fine")
+    final, deltas, _, _ = _stream(byte_level, prompt, output, SamplingParams())
+    assert final == _expected(byte_level, prompt, output) == byte_level.decode(output)
+    assert "\ufffd" not in "".join(deltas)
+
+
 @pytest.mark.parametrize("skip", [True, False])
 def test_special_tokens(byte_level, skip) -> None:
     eos = byte_level.convert_tokens_to_ids("<|im_end|>")

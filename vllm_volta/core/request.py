@@ -86,6 +86,8 @@ class Request:
         self._block_hashes: list[BlockHash] = []
         # Filled by the engine: sampled-token logprob entries etc.
         self.extra: dict[str, Any] = {}
+        # Structured outputs: the xgrammar matcher following this sequence's tokens.
+        self.grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -86,6 +86,10 @@ class IncrementalDetokenizer:
         self._stream = self._backend = None
         if params.detokenize and DecodeStream is not None:
             self._backend = _rust_backend(tokenizer)
+        # A context that ends inside a character (a prompt cut mid-UTF-8) would leave its bytes
+        # in the stream, to come out with the first output token: the window decode drops them.
+        if self._backend is not None and self._decode(self._ids).endswith(_REPLACEMENT_CHAR):
+            self._backend = None
         if self._backend is not None:
             self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
             for token_id in self._ids:

@@ -6,10 +6,11 @@ side, without a round trip to the core.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.structured_output import StructuredOutputManager
 
 PromptInput = str | list[int] | Mapping[str, Any]
 
@@ -18,9 +19,12 @@ class InputProcessor:
     """Turns (prompt, params) into (prompt text, prompt token ids, params); ValueError, naming
     the field and what is allowed, for bad input."""
 
-    def __init__(self, model_config: Any, tokenizer: Any) -> None:
+    def __init__(self, model_config: Any, tokenizer: Any, stop_token_ids: Iterable[int] = ()) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
+        # Compiles (and caches) structured-output grammars: a request's that does not compile
+        # is refused here.
+        self.structured = StructuredOutputManager(tokenizer, model_config.get_vocab_size(), stop_token_ids)
 
     def process(self, prompt: PromptInput, params: SamplingParams | None
                 ) -> tuple[str | None, list[int], SamplingParams]:
@@ -74,5 +78,7 @@ class InputProcessor:
             if value is not None and value > mc.max_logprobs:
                 raise ValueError(f"{name}={value} exceeds max_logprobs={mc.max_logprobs}; "
                                  f"allowed range is [0, {mc.max_logprobs}]")
+        if params.structured_outputs is not None:
+            self.structured.compile(params.structured_outputs)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids")

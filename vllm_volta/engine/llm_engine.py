@@ -24,6 +24,7 @@ from vllm_volta.engine.input_processor import InputProcessor, PromptInput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.structured_output import accept
 from vllm_volta.worker.model_runner import PendingOutput
 
 __all__ = ["EngineStats", "LLMEngine"]
@@ -45,7 +46,7 @@ class LLMEngine:
                                            trust_remote_code=mc.trust_remote_code,
                                            revision=mc.tokenizer_revision)
         self.eos_token_ids = self._eos_token_ids()
-        self.input_processor = InputProcessor(self.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(self.model_config, self.tokenizer, self.eos_token_ids)
         executor_class = executor_class or Executor.get_class(vllm_config)
         self.executor = executor_class(vllm_config)
         try:
@@ -119,9 +120,12 @@ class LLMEngine:
                 child_params = params.clone()
                 child_params.prompt_logprobs = None
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
-            children.append(Request(child_id, token_ids, child_params, max_tokens=max_tokens,
-                                    block_size=self.vllm_config.cache_config.block_size,
-                                    arrival_time=arrival_time, parent_id=request_id, index=i))
+            child = Request(child_id, token_ids, child_params, max_tokens=max_tokens,
+                            block_size=self.vllm_config.cache_config.block_size,
+                            arrival_time=arrival_time, parent_id=request_id, index=i)
+            if params.structured_outputs is not None:  # compiled by process() above (cached)
+                child.grammar = self.input_processor.structured.matcher(params.structured_outputs)
+            children.append(child)
         group = RequestGroup(request_id, prompt_text, token_ids, params, children,
                              self.tokenizer, self._decode_token, arrival_time)
         for child in children:
@@ -221,6 +225,11 @@ class LLMEngine:
         for request in advanced:
             group = groups[request.parent_id]
             num_new = len(sampled[request.request_id])
+            if (request.grammar is not None and accept(request.grammar, sampled[request.request_id])
+                    and not request.is_finished):
+                # The output is complete: it stops here, as on a stop token.
+                request.status = RequestStatus.FINISHED_STOPPED
+                self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
             self._generation_tokens_total += num_new
             stop_str = group.process_tokens(request, num_new, logprobs.get(request.request_id),
                                             now)

@@ -65,6 +65,8 @@ class SamplingMetadata:
     # allowed_token_ids: the restricted rows [R], and (index into them, allowed id) pairs [2, M].
     allowed_rows: torch.Tensor | None = None
     allowed_pairs: torch.Tensor | None = None
+    # Rows with structured outputs: their grammar masks are made each step (the model runner).
+    structured_rows: list[int] | None = None
 
     @property
     def no_top_p(self) -> bool:
@@ -150,6 +152,7 @@ class SamplingMetadata:
             logit_bias=bias,
             allowed_rows=allowed_rows,
             allowed_pairs=allowed_pairs,
+            structured_rows=[i for i, p in enumerate(params) if p.structured_outputs is not None] or None,
         )
 
 

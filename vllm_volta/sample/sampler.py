@@ -13,6 +13,7 @@ from vllm_volta.sample.logprobs import LogprobsTensors, gather_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata
 from vllm_volta.sample.penalties import apply_min_tokens, apply_penalties
 from vllm_volta.sample.token_bias import apply_allowed_token_ids, apply_logit_bias
+from vllm_volta.structured_output import apply_bitmask
 
 
 @dataclass
@@ -111,7 +112,7 @@ def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
 class Sampler(nn.Module):
     """vLLM's sampling pipeline.
 
-    Order: allowed_token_ids, min_tokens masking of stop/eos ids, logit_bias, penalties
+    Order: structured-output grammar masks, allowed_token_ids, min_tokens masking of stop/eos ids, logit_bias, penalties
     (repetition on prompt + output, presence/frequency on output), greedy argmax for
     temperature-0 rows; for the others temperature, top-k, top-p, min-p, then an
     exponential-race sample (on CUDA without top-k/top-p/min-p: the same race fused into one
@@ -127,15 +128,21 @@ class Sampler(nn.Module):
         self.noise_seeds = NoiseSeeds()
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata,
-                sampled_host: torch.Tensor | None = None) -> SamplerOutput:
+                sampled_host: torch.Tensor | None = None,
+                grammar: tuple[torch.Tensor, torch.Tensor] | None = None) -> SamplerOutput:
+        """``grammar``: (rows, token bitmask) of the rows with structured outputs this step
+        (structured_output.fill_bitmask), applied first."""
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.float().log_softmax(dim=1)
         private = (not metadata.no_penalties or metadata.min_tokens_rows is not None
-                   or metadata.logit_bias is not None or metadata.allowed_rows is not None)
+                   or metadata.logit_bias is not None or metadata.allowed_rows is not None
+                   or grammar is not None)
         if private:
             # These stages write: they work on a float32 copy, the caller's logits stay untouched.
             logits = logits.to(torch.float32, copy=True)
+            if grammar is not None:
+                logits = apply_bitmask(logits, *grammar)
             logits = apply_allowed_token_ids(logits, metadata.allowed_rows, metadata.allowed_pairs)
             logits = apply_min_tokens(logits, metadata.min_tokens_rows,
                                       metadata.min_tokens_token_ids)

@@ -17,6 +17,7 @@ from vllm_volta.sample.metadata import SamplingMetadata, make_generator
 from vllm_volta.sample.metadata_cache import SamplingMetadataCache
 from vllm_volta.sample.sampler import Sampler
 from vllm_volta.sampling_params import SamplingType
+from vllm_volta.structured_output import fill_bitmask
 from vllm_volta.worker.block_table import BlockTableCache
 from vllm_volta.worker.cudagraph_metrics import CudagraphMetrics
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
@@ -268,7 +269,12 @@ class ModelRunner:
         if to_host:
             pending.pool, pending.buffer = self._host_ids, self._host_ids.acquire(len(rows))
             host = pending.buffer[:len(rows)]
-        result = self.sampler(logits, metadata, sampled_host=host)
+        grammar = None
+        if metadata.structured_rows:
+            rows = metadata.structured_rows
+            bitmask = fill_bitmask([reqs[j].request.grammar for j in rows], self.model_config.get_vocab_size())
+            grammar = (to_device(rows, self.device, torch.int64), to_device(bitmask, self.device))
+        result = self.sampler(logits, metadata, sampled_host=host, grammar=grammar)
         ids = result.sampled_token_ids
         output = pending.output
         pending.req_ids = req_ids

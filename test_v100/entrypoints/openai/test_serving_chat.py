@@ -139,3 +139,32 @@ def test_return_token_ids_match_transformers(client, hf_reference):
     plain = _chat(client, max_tokens=2)
     assert "prompt_token_ids" not in (plain.model_extra or {})
     assert "token_ids" not in (plain.choices[0].model_extra or {})
+
+
+def test_structured_outputs(client):
+    """OpenAI's response_format (json_schema, json_object) and vLLM's guided_choice and
+    structured_outputs: the content follows them (streamed too)."""
+    # The test tokenizer has no '"' (its alphabet is its corpus's): a schema without strings.
+    schema = {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3}
+    fmt = {"type": "json_schema", "json_schema": {"name": "flags", "schema": schema}}
+    for temperature in (0.0, 1.0):
+        resp = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=40,
+                                              temperature=temperature, response_format=fmt)
+        value = json.loads(resp.choices[0].message.content)
+        assert 1 <= len(value) <= 3 and all(isinstance(v, bool) for v in value)
+        assert resp.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=40,
+                                            response_format=fmt, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert all(isinstance(v, bool) for v in json.loads(streamed))
+    choice = client.completions.create(model=MODEL_NAME, prompt="Pick:", max_tokens=10, temperature=1.0,
+                                       n=3, seed=3, extra_body={"guided_choice": ["left", "right"]})
+    assert all(c.text in ("left", "right") for c in choice.choices)
+    regex = client.completions.create(model=MODEL_NAME, prompt="Code:", max_tokens=10,
+                                      extra_body={"structured_outputs": {"regex": "[A-F]{4}"}})
+    assert len(regex.choices[0].text) == 4 and set(regex.choices[0].text) <= set("ABCDEF")
+    # Any JSON value: whatever came out is JSON once the object closed.
+    obj = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=60,
+                                         temperature=0.0, response_format={"type": "json_object"})
+    if obj.choices[0].finish_reason == "stop":
+        json.loads(obj.choices[0].message.content)

@@ -40,7 +40,7 @@ class _SamplingFields(BaseModel):
     user: str | None = None
     # token id (JSON: a string key) -> bias added to its logit, in [-100, 100]
     logit_bias: dict[str, float] | None = None
-    # Accepted only as plain text: structured outputs (JSON mode, schemas) are not implemented.
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", ...}}
     response_format: dict[str, Any] | None = None
     # vLLM extras, passed by clients through extra_body.
     ignore_eos: bool = False
@@ -53,6 +53,13 @@ class _SamplingFields(BaseModel):
     # for completions, on the response for chat; in a stream, once, on the first chunk).
     return_token_ids: bool = False
     allowed_token_ids: list[int] | None = None
+    # vLLM's structured outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...},
+    # and its older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -64,12 +71,39 @@ class _SamplingFields(BaseModel):
 
     @field_validator("response_format")
     @classmethod
-    def _plain_text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _known_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         kind = (v or {}).get("type", "text")
-        if kind != "text":
-            raise ValueError(f"type {kind!r} is not supported: this server has no structured "
-                             f"outputs (JSON mode, JSON schema); only 'text'")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        if kind == "json_schema":
+            spec = v.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise ValueError("json_schema must be {'name': ..., 'schema': {...}}")
         return v
+
+    def structured(self) -> dict[str, Any] | None:
+        """The structured_outputs of this request (response_format, structured_outputs or a
+        guided_* field: at most one)."""
+        given = {}
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            given["response_format"] = {"json_object": True}
+        elif kind == "json_schema":
+            given["response_format"] = {"json": self.response_format["json_schema"].get("schema", {})}
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = self.structured_outputs
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                given[f"guided_{name}"] = {name: value}
+        if len(given) > 1:
+            raise ValueError(f"set one way of structured outputs, got {sorted(given)}")
+        return next(iter(given.values()), None)
+
+    @model_validator(mode="after")
+    def _one_structured_output(self) -> _SamplingFields:
+        self.structured()
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -90,6 +124,7 @@ class _SamplingFields(BaseModel):
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output or None,
             "logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
+            "structured_outputs": self.structured(),
         }
         return {k: v for k, v in kwargs.items() if v is not None}
 

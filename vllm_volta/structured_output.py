@@ -1,0 +1,110 @@
+"""Structured outputs (constrained decoding) with xgrammar, as vLLM's default backend.
+
+A request's StructuredOutputsParams compile (cached) into a grammar over the tokenizer's
+vocabulary; each sequence gets a matcher that follows its tokens. Before each sample the
+matchers of the step's constrained rows fill a bitmask of the tokens that may come next, the
+sampler sets every other logit to -inf, and the engine feeds each sampled token back
+(``accept``); a sequence whose grammar is complete stops there. Those sequences read their token
+history, so async scheduling waits for each of their tokens before the next step.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from vllm_volta.sampling_params import StructuredOutputsParams
+
+_CACHE_SIZE = 128  # compiled grammars kept per process
+
+
+def _xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured_outputs need the xgrammar package (pip install xgrammar)") from None
+    return xgrammar
+
+
+class StructuredOutputManager:
+    """Compiles StructuredOutputsParams for one tokenizer and model vocabulary."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self._compiler: Any = None
+        self._compiled: dict[tuple, Any] = {}
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The compiled grammar; ValueError naming structured_outputs for what does not compile."""
+        key = params.key()
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compile(params)
+            if len(self._compiled) >= _CACHE_SIZE:
+                self._compiled.pop(next(iter(self._compiled)))
+            self._compiled[key] = compiled
+        return compiled
+
+    def matcher(self, params: StructuredOutputsParams) -> Any:
+        return _xgrammar().GrammarMatcher(self.compile(params))
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init is set)")
+        xgr = _xgrammar()
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids or None)
+            self._compiler = xgr.GrammarCompiler(info)
+        compiler = self._compiler
+        try:
+            if params.json is not None:
+                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+                return compiler.compile_json_schema(schema, any_whitespace=False)
+            if params.json_object:
+                return compiler.compile_builtin_json_grammar()
+            if params.regex is not None:
+                return compiler.compile_regex(params.regex)
+            if params.choice is not None:
+                return compiler.compile_grammar("root ::= " + " | ".join(
+                    json.dumps(c, ensure_ascii=False) for c in params.choice))
+            return compiler.compile_grammar(params.grammar)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ValueError(f"structured_outputs: {_first_line(exc)}") from None
+
+
+def accept(matcher: Any, token_ids: Sequence[int]) -> bool:
+    """Feed sampled tokens to a sequence's matcher; True when its grammar is complete."""
+    for token in token_ids:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            return True
+    return matcher.is_terminated()
+
+
+def fill_bitmask(matchers: Sequence[Any], vocab_size: int) -> torch.Tensor:
+    """[len(matchers), ceil(vocab / 32)] int32 on the CPU: bit t of row r set when token t may
+    come next for matcher r."""
+    xgr = _xgrammar()
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
+    for row, matcher in enumerate(matchers):
+        matcher.fill_next_token_bitmask(bitmask, row)
+    return bitmask
+
+
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf, in place, for the tokens each of ``rows`` may not take (``bitmask`` from
+    fill_bitmask, on any device)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :logits.shape[1]]
+    if allowed.shape[1] < logits.shape[1]:  # the logits' rows are wider than the grammar's vocabulary
+        allowed = torch.nn.functional.pad(allowed, (0, logits.shape[1] - allowed.shape[1]))
+    logits[rows] = logits[rows].masked_fill_(~allowed, float("-inf"))
+    return logits
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
