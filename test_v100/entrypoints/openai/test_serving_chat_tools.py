@@ -67,6 +67,7 @@ def _handler(parser: str | None = "hermes", reasoning: str | None = None) -> Ope
 def _scripted(handler, text: str, cuts: list[int], seen: dict) -> None:
     async def add_requests(request_id, prompts, params):
         seen["prompt"] = handler.tokenizer.decode(prompts[0])
+        seen["params"] = params
         steps = [RequestOutput(request_id, None, prompts[0], None, [CompletionOutput(
             0, text[:cut], list(range(cut // 8)), None, None, "stop" if cut == len(text) else None)],
             cut == len(text)) for cut in cuts]
@@ -182,10 +183,37 @@ def test_tool_choice_none_and_no_call_keep_plain_content():
     assert body["choices"][0]["finish_reason"] == "stop"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_calls_constrain_the_output(stream):
+    """tool_choice naming a function: the output is constrained to its parameters and read as
+    that call (finish_reason "stop", as OpenAI); "required": to an array of calls. No server
+    flag is needed."""
+    from vllm_volta.entrypoints.openai.tool_parsers import RequiredToolCalls
+
+    cases = [({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Paris"}',
+              {"type": "object"}, [("get_weather", {"city": "Paris"})], "stop"),
+             ("required", '[{"name": "get_weather", "parameters": {"city": "Rome"}}]',
+              RequiredToolCalls.schema(TOOLS), [("get_weather", {"city": "Rome"})], "tool_calls")]
+    for choice, output, schema, want, reason in cases:
+        handler, seen = _handler(None), {}
+        _scripted(handler, output, [5, len(output)], seen)
+        request = _request(tool_choice=choice, stream=stream)
+        if stream:
+            content, _, calls, reasons = _streamed(handler, request)
+            got = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
+        else:
+            body = json.loads(asyncio.run(handler.create_chat_completion(request)).body)
+            choice_out = ChatCompletion.model_validate(body).choices[0]
+            content, reasons = choice_out.message.content or "", [choice_out.finish_reason]
+            got = [(c.function.name, json.loads(c.function.arguments)) for c in choice_out.message.tool_calls]
+        assert got == want and content == "" and reasons == [reason]
+        assert seen["params"].structured_outputs.json == schema
+
+
 @pytest.mark.parametrize("parser,kwargs,message", [
-    ("hermes", {"tool_choice": "required"}, "not supported: forcing a call"),
-    ("hermes", {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "not supported: forcing a call"),
+    ("hermes", {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not one of the tools"),
+    ("hermes", {"tool_choice": "required", "response_format": {"type": "json_object"}},
+     "cannot be combined with response_format"),
     (None, {}, '"auto" tool choice requires --enable-auto-tool-choice'),
 ])
 def test_what_cannot_be_served_is_a_400_naming_tool_choice(parser, kwargs, message):
@@ -219,3 +247,11 @@ def test_server_flags(tiny_model, tmp_path):
         assert resp.status_code == 200, resp.text
         message = ChatCompletion.model_validate(resp.json()).choices[0].message
         assert message.role == "assistant" and "reasoning_content" in message.model_extra
+        # A named function with no parameters: the constrained output is "{}".
+        empty = [{"type": "function", "function": {"name": "ping", "parameters": {
+            "type": "object", "properties": {}, "additionalProperties": False}}}]
+        resp = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL_NAME, "messages": MESSAGES[:1], "tools": empty, "max_tokens": 8,
+            "tool_choice": {"type": "function", "function": {"name": "ping"}}})
+        call = ChatCompletion.model_validate(resp.json()).choices[0].message.tool_calls[0]
+        assert (call.function.name, json.loads(call.function.arguments)) == ("ping", {})

@@ -14,7 +14,8 @@ from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
 from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningStream
-from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
+from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, NamedToolCall, RequiredToolCalls,
+                                                        ToolParser)
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
@@ -53,7 +54,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         top = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(top, "top_logprobs")
-        parse_tools = self._parses_tool_calls(request)
+        parser, forced = self._tool_calls(request)
         prompt = self.render_chat(
             request.messages, add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
@@ -64,37 +65,50 @@ class OpenAIServingChat(OpenAIServing):
             else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.max_new_tokens, param)
         extra = {"logprobs": top} if top is not None else {}
+        kwargs = request.sampling_kwargs()
+        if forced is not None:
+            kwargs["structured_outputs"] = forced
         params = self.make_sampling_params(
             {"logprobs": "top_logprobs", "max_tokens": param},
-            max_tokens=max_tokens, **request.sampling_kwargs(), **extra)
+            max_tokens=max_tokens, **kwargs, **extra)
         request_id = request.request_id or random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt_ids], params)
-        parser = self.tool_parser if parse_tools else None
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, streams, prompt_ids, parser),
                                      media_type="text/event-stream")
         (final,) = await collect_final(streams, raw_request)
         return JSONResponse(self._response(request, request_id, final, prompt_ids, parser))
 
-    def _parses_tool_calls(self, request: ChatCompletionRequest) -> bool:
-        """Whether the output is parsed for tool calls (tool_choice "auto" with tools, as
-        vLLM: only with a parser); a 400 naming tool_choice for what cannot be served."""
+    def _tool_calls(self, request: ChatCompletionRequest) -> tuple[ToolParser | None, dict | None]:
+        """How the output's tool calls are read, and the structured output a forced call needs:
+        tool_choice "auto" (with tools: the default) parses with the server's parser, only when
+        it has one (as vLLM); "required" and a named function constrain the output to calls;
+        "none" reads none. What cannot be served is a 400 naming tool_choice."""
         choice = request.tool_choice
         if choice is None:
             choice = "auto" if request.tools else "none"
         if choice != "none" and not request.tools:
             raise OpenAIError(f"tool_choice {choice!r} needs tools", 400, "tool_choice")
         if choice == "none":
-            return False
-        if choice != "auto":
-            raise OpenAIError(f"tool_choice {choice!r} is not supported: forcing a call needs "
-                              "structured outputs, which this server does not have; use \"auto\" "
-                              "or \"none\"", 400, "tool_choice")
-        if self.tool_parser is None:
-            raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '
-                              '--tool-call-parser to be set (or send tool_choice "none")', 400,
+            return None, None
+        tools = [t.model_dump() for t in request.tools]
+        if choice == "auto":
+            if self.tool_parser is None:
+                raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '
+                                  '--tool-call-parser to be set (or send tool_choice "none")', 400,
+                                  "tool_choice")
+            return self.tool_parser, None
+        if request.structured() is not None:
+            raise OpenAIError("a forced tool call cannot be combined with response_format or "
+                              "other structured outputs", 400, "tool_choice")
+        if choice == "required":
+            return RequiredToolCalls(), {"json": RequiredToolCalls.schema(tools)}
+        name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+        tool = next((t for t in tools if t["function"]["name"] == name), None)
+        if tool is None:
+            raise OpenAIError(f"tool_choice names {name!r}, which is not one of the tools", 400,
                               "tool_choice")
-        return True
+        return NamedToolCall(name), {"json": tool["function"].get("parameters") or {"type": "object"}}
 
     def _logprobs(self, token_ids: list[int], steps: list[Any], num_top: int) -> dict:
         """Chat-style logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
@@ -133,7 +147,7 @@ class OpenAIServingChat(OpenAIServing):
                 message["content"], calls = parser.extract(content)
                 if calls:
                     message["tool_calls"] = [c.to_dict() for c in calls]
-                    finish_reason = "tool_calls"
+                    finish_reason = parser.finish_reason or finish_reason
             choice = {"index": out.index, "message": message, "logprobs": logprobs,
                       "finish_reason": finish_reason, "stop_reason": out.stop_reason}
             if request.return_token_ids:
@@ -208,7 +222,7 @@ class OpenAIServingChat(OpenAIServing):
                         finished[i] = True
                         reason = comp.finish_reason
                         if tool_calls is not None and tool_calls[i].num_calls:
-                            reason = "tool_calls"
+                            reason = parser.finish_reason or reason
                         yield chunk(i, {}, None, reason, comp.stop_reason)
             if request.include_usage_in_stream:
                 yield encode(choices=[], usage=usage_dict(len(prompt_ids), sum(sent_tokens)))

@@ -9,7 +9,9 @@
 
 An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
 parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
-final)`` returns the content and the calls that are certain by then.
+final)`` returns the content and the calls that are certain by then. ``NamedToolCall`` and
+``RequiredToolCalls`` read outputs that structured outputs constrained (tool_choice naming a
+function, or "required"); they need no server flag.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class ToolCall:
 
 class HermesToolParser:
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks."""
+
+    finish_reason = "tool_calls"  # of a response with calls
 
     start = "<tool_call>"
     end = "</tool_call>"
@@ -71,6 +75,8 @@ def _tool_call(obj: object, arguments_key: str) -> ToolCall:
 
 class Llama3JsonToolParser:
     """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}`` (``; `` between calls)."""
+
+    finish_reason = "tool_calls"
 
     python_tag = "<|python_tag|>"
 
@@ -174,6 +180,67 @@ def partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-ToolParser = HermesToolParser | Llama3JsonToolParser
+class NamedToolCall:
+    """tool_choice naming a function: the output, constrained to the function's parameters
+    schema, is the call's arguments. As OpenAI, such a response keeps finish_reason "stop"."""
+
+    finish_reason = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        try:
+            return None, [_tool_call({"name": self.name, "arguments": json.loads(text)}, "arguments")]
+        except ValueError:  # cut short (max_tokens): not a whole JSON object
+            return text, []
+
+    def streamer(self) -> WholeOutputToolCalls:
+        return WholeOutputToolCalls(self)
+
+
+class RequiredToolCalls:
+    """tool_choice "required": the output, constrained to a JSON array of
+    ``{"name": <a tool>, "parameters": {...}}`` objects (``schema``), is the calls."""
+
+    finish_reason = "tool_calls"
+
+    @staticmethod
+    def schema(tools: list[dict]) -> dict:
+        return {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "required": ["name", "parameters"], "additionalProperties": False,
+             "properties": {"name": {"enum": [t["function"]["name"]]},
+                            "parameters": t["function"].get("parameters") or {"type": "object"}}}
+            for t in tools]}}
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        try:
+            calls = json.loads(text)
+            if not isinstance(calls, list):
+                raise ValueError(text)
+            return None, [_tool_call(c, "parameters") for c in calls]
+        except ValueError:
+            return text, []
+
+    def streamer(self) -> WholeOutputToolCalls:
+        return WholeOutputToolCalls(self)
+
+
+class WholeOutputToolCalls:
+    """A stream whose output is all calls: held to the end, then parsed whole."""
+
+    def __init__(self, parser: NamedToolCall | RequiredToolCalls) -> None:
+        self.parser = parser
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if not final:
+            return "", []
+        content, calls = self.parser.extract(text)
+        self.num_calls += len(calls)
+        return content or "", calls
+
+
+ToolParser = HermesToolParser | Llama3JsonToolParser | NamedToolCall | RequiredToolCalls
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser,
                                              "llama3_json": Llama3JsonToolParser}
