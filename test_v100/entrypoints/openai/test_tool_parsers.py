@@ -83,3 +83,16 @@ def test_stream_holds_back_a_partial_tag_and_sends_a_bad_block_as_content():
     assert stream.feed("Sure <tool_") == ("Sure ", [])
     assert stream.feed("Sure <tool_call>{oops}") == ("", [])
     assert stream.feed("Sure <tool_call>{oops}</tool_call>", final=True) == ("<tool_call>{oops}</tool_call>", [])
+
+
+def test_forced_call_readers():
+    from vllm_volta.entrypoints.openai.tool_parsers import NamedToolCall, RequiredToolCalls
+    named = NamedToolCall("f")
+    assert _calls(named.extract('{"x": 1}')[1]) == [("f", {"x": 1})]
+    assert named.extract('{"x": ') == ('{"x": ', [])  # cut short by max_tokens: plain content
+    required = RequiredToolCalls()
+    text = '[{"name": "f", "parameters": {"a": 1}}, {"name": "g", "parameters": {}}]'
+    assert _calls(required.extract(text)[1]) == [("f", {"a": 1}), ("g", {})]
+    assert required.extract('{"name": "f"}')[1] == []
+    stream = required.streamer()
+    assert stream.feed(text[:10]) == ("", []) and len(stream.feed(text, final=True)[1]) == 2
