@@ -270,10 +270,11 @@ class ModelRunner:
             pending.pool, pending.buffer = self._host_ids, self._host_ids.acquire(len(rows))
             host = pending.buffer[:len(rows)]
         grammar = None
-        if metadata.structured_rows:
-            rows = metadata.structured_rows
-            bitmask = fill_bitmask([reqs[j].request.grammar for j in rows], self.model_config.get_vocab_size())
-            grammar = (to_device(rows, self.device, torch.int64), to_device(bitmask, self.device))
+        if metadata.structured_rows:  # structured outputs: this step's grammar masks
+            constrained = metadata.structured_rows
+            bitmask = fill_bitmask([reqs[j].request.grammar for j in constrained],
+                                   self.model_config.get_vocab_size())
+            grammar = (to_device(constrained, self.device, torch.int64), to_device(bitmask, self.device))
         result = self.sampler(logits, metadata, sampled_host=host, grammar=grammar)
         ids = result.sampled_token_ids
         output = pending.output
