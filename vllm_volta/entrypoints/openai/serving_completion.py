@@ -25,7 +25,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", 400, "suffix")
         if request.best_of is not None and request.best_of != request.n:
-            raise OpenAIError("best_of must equal n (beam search is not supported)", 400,
+            raise OpenAIError("best_of must equal n (other values are not supported)", 400,
                               "best_of")
         prompts = request.prompts()
         prompt_ids = [self.tokenize(p, request.add_special_tokens) for p in prompts]
