@@ -190,3 +190,35 @@ def test_return_token_ids_match_transformers(client, hf_reference):
     assert all("prompt_token_ids" not in c.choices[0].model_extra for c in chunks[1:])
     plain = _greedy(client, PROMPT, max_tokens=3).choices[0]
     assert "token_ids" not in (plain.model_extra or {})
+
+
+def test_prompt_logprobs_match_transformers(client, hf_reference):
+    """vLLM's prompt_logprobs extra: per prompt token after the first, its logprob (and the
+    top ones) under the model, as transformers computes them; null for the first."""
+    tok, model = hf_reference
+    prompt_ids = tok.encode(PROMPT)
+    resp = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0.0,
+                                     extra_body={"prompt_logprobs": 2})
+    got = resp.choices[0].model_extra["prompt_logprobs"]
+    ref = hf_logprobs(model, prompt_ids, [])
+    assert len(got) == len(prompt_ids) and got[0] is None
+    for i, entry in enumerate(got[1:], start=1):
+        row = ref[i - 1]
+        assert entry[str(prompt_ids[i])]["logprob"] == pytest.approx(row[prompt_ids[i]], abs=2e-3)
+        top = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:2]
+        assert {int(t) for t in entry} == set(top) | {prompt_ids[i]}
+        for t, lp in entry.items():
+            assert lp["rank"] == 1 + sum(v > row[int(t)] for v in row)
+
+
+def test_prompt_logprobs_checks(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2}
+    streamed = httpx.post(server.url + "/v1/completions", timeout=30,
+                          json={**body, "stream": True, "prompt_logprobs": 1})
+    too_many = httpx.post(server.url + "/v1/completions", timeout=30, json={**body, "prompt_logprobs": 99})
+    assert streamed.status_code == too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "prompt_logprobs"
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "prompt_logprobs": 0}).json()
+    assert chat["prompt_logprobs"][0] is None and all(len(e) == 1 for e in chat["prompt_logprobs"][1:])

@@ -53,6 +53,8 @@ class _SamplingFields(BaseModel):
     # for completions, on the response for chat; in a stream, once, on the first chunk).
     return_token_ids: bool = False
     allowed_token_ids: list[int] | None = None
+    # The prompt tokens' logprobs (each with this many top alternatives), in the response.
+    prompt_logprobs: int | None = Field(default=None, ge=0)
     # vLLM's structured outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...},
     # and its older guided_* fields.
     structured_outputs: dict[str, Any] | None = None
@@ -106,6 +108,12 @@ class _SamplingFields(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> _SamplingFields:
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available when stream is true")
+        return self
+
+    @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be set when stream is true")
@@ -124,7 +132,7 @@ class _SamplingFields(BaseModel):
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output or None,
             "logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
-            "structured_outputs": self.structured(),
+            "structured_outputs": self.structured(), "prompt_logprobs": self.prompt_logprobs,
         }
         return {k: v for k, v in kwargs.items() if v is not None}
 

@@ -54,6 +54,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         top = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(top, "top_logprobs")
+        self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
         parser, forced = self._tool_calls(request)
         prompt = self.render_chat(
             request.messages, add_generation_prompt=request.add_generation_prompt,
@@ -159,6 +160,8 @@ class OpenAIServingChat(OpenAIServing):
                     "usage": usage_dict(len(prompt_ids), num_generated)}
         if request.return_token_ids:
             response["prompt_token_ids"] = prompt_ids
+        if request.prompt_logprobs is not None:
+            response["prompt_logprobs"] = self.prompt_logprobs_json(final.prompt_logprobs)
         return response
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, streams: list,

@@ -22,6 +22,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                 raw_request: Request | None = None) -> Any:
         self.check_model(request.model)
         self.check_logprobs(request.logprobs, "logprobs")
+        self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", 400, "suffix")
         if request.best_of is not None and request.best_of != request.n:
@@ -31,13 +32,12 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_ids = [self.tokenize(p, request.add_special_tokens) for p in prompts]
         longest = max(len(ids) for ids in prompt_ids)
         max_tokens = self.resolve_max_tokens(longest, request.max_tokens)
-        extra: dict[str, Any] = {}
+        kwargs = request.sampling_kwargs()
         if request.logprobs is not None:
-            extra["logprobs"] = request.logprobs
-            if request.echo:
-                extra["prompt_logprobs"] = request.logprobs
-        params = self.make_sampling_params(max_tokens=max_tokens, **request.sampling_kwargs(),
-                                           **extra)
+            kwargs["logprobs"] = request.logprobs
+            if request.echo:  # echoed prompt tokens carry logprobs too
+                kwargs["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
+        params = self.make_sampling_params(max_tokens=max_tokens, **kwargs)
         request_id = request.request_id or random_id("cmpl")
         # Without a tokenizer (--skip-tokenizer-init) only token-id prompts arrive; echo gives "".
         prompt_texts = [p if isinstance(p, str) else
@@ -113,6 +113,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.return_token_ids:
                     choice["token_ids"] = out.token_ids
                     choice["prompt_token_ids"] = prompt_ids[i]
+                if request.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = self.prompt_logprobs_json(final.prompt_logprobs)
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
         return {"id": request_id, "object": "text_completion", "created": now_s(),

@@ -113,6 +113,16 @@ class OpenAIServing:
             param = (renames or {}).get(field, field) if field in kwargs else None
             raise OpenAIError(str(exc), 400, param) from exc
 
+    def prompt_logprobs_json(self, steps: list[Any] | None) -> list[Any] | None:
+        """vLLM's prompt_logprobs field: per prompt token (the first: null) its top tokens and
+        itself, {token id: {logprob, rank, decoded_token}}."""
+        if steps is None:
+            return None
+        return [None if step is None else {
+            str(t): {"logprob": clamp_logprob(lp.logprob), "rank": lp.rank,
+                     "decoded_token": self.decode_token(t, lp)} for t, lp in step.items()}
+            for step in steps]
+
     def decode_token(self, token_id: int, logprob: Any = None) -> str:
         text = getattr(logprob, "decoded_token", None)
         if text is None:
