@@ -9,10 +9,11 @@ import random
 import pytest
 
 from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, HermesToolParser, Llama3JsonToolParser,
-                                                        StreamingToolCalls)
+                                                        PythonicToolParser, StreamingToolCalls)
 
 PARSER = HermesToolParser()
 LLAMA = Llama3JsonToolParser()
+PYTHONIC = PythonicToolParser()
 LLAMA_CALLS = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                '{"name": "now", "parameters": {}}')
 TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
@@ -56,7 +57,8 @@ def test_llama3_json():
 @pytest.mark.parametrize("parser,text", [
     (PARSER, TWO_CALLS), (PARSER, "No tools needed: the answer is <tool_c... no, 42."),
     (LLAMA, LLAMA_CALLS), (LLAMA, '  {"name": "f", "parameters": {"q": "x"}}'),
-    (LLAMA, "Plain answer { with a brace"), (LLAMA, "<|python_ta and then plain text")])
+    (LLAMA, "Plain answer { with a brace"), (LLAMA, "<|python_ta and then plain text"),
+    (PYTHONIC, '[get_weather(city="Paris", days=3), now()]'), (PYTHONIC, "Plain [1] answer")])
 @pytest.mark.parametrize("seed", range(8))
 def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
     rng = random.Random(seed)
@@ -73,8 +75,15 @@ def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
     assert stream.num_calls == len(want_calls)
 
 
+def test_pythonic():
+    content, calls = PYTHONIC.extract(' [get_weather(city="Paris", days=3), now()]\n')
+    assert content is None and _calls(calls) == [("get_weather", {"city": "Paris", "days": 3}), ("now", {})]
+    for text in ("Hello", "[f(1)]", '[f(x=open("a"))]', "[f(**kw)]", "[]", "[f(x=1)] and text"):
+        assert PYTHONIC.extract(text) == (text, [])
+
+
 def test_parsers_by_name():
-    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json"]
+    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "pythonic"]
     assert isinstance(PARSER.streamer(), StreamingToolCalls)
 
 

@@ -6,6 +6,8 @@
 - ``llama3_json``: Llama 3.1 / 3.2 / 3.3 (JSON tool calling): the whole output is one or more
   ``{"name": ..., "parameters": {...}}`` objects separated by ``;``, after an optional
   ``<|python_tag|>``.
+- ``pythonic``: Llama 3.2 / 4 pythonic templates: the whole output is a Python list of calls with
+  literal keyword arguments, ``[get_weather(city="Paris"), now()]``.
 
 An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
 parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
@@ -15,6 +17,7 @@ function, or "required"); they need no server flag.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -79,6 +82,7 @@ class Llama3JsonToolParser:
     finish_reason = "tool_calls"
 
     python_tag = "<|python_tag|>"
+    call_starts = ("{", python_tag)
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         body = text.strip()
@@ -101,12 +105,42 @@ class Llama3JsonToolParser:
         return BufferedToolCalls(self)
 
 
+class PythonicToolParser:
+    """``[f(a=1, b="x"), g()]``: a list of calls with literal keyword arguments."""
+
+    finish_reason = "tool_calls"
+    call_starts = ("[",)  # how an output of calls begins (BufferedToolCalls holds it)
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        body = text.strip()
+        if not body.startswith("["):
+            return text, []
+        try:
+            tree = ast.parse(body, mode="eval").body
+            if not isinstance(tree, ast.List) or not tree.elts:
+                raise ValueError(body)
+            calls = []
+            for call in tree.elts:
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and not call.args):
+                    raise ValueError(body)
+                arguments = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+                if None in arguments:  # **kwargs
+                    raise ValueError(body)
+                calls.append(ToolCall(call.func.id, json.dumps(arguments, ensure_ascii=False)))
+        except (SyntaxError, ValueError, TypeError):
+            return text, []
+        return None, calls
+
+    def streamer(self) -> BufferedToolCalls:
+        return BufferedToolCalls(self)
+
+
 class BufferedToolCalls:
     """A stream for formats whose calls are the whole output: content streams as it comes
-    unless the output starts like a call (``{`` or the python tag), which is held to the end
-    and parsed whole."""
+    unless the output starts like calls (the parser's ``call_starts``), which is held to the
+    end and parsed whole."""
 
-    def __init__(self, parser: Llama3JsonToolParser) -> None:
+    def __init__(self, parser: Llama3JsonToolParser | PythonicToolParser) -> None:
         self.parser = parser
         self._held: bool | None = None  # None: undecided (only blanks or a tag prefix so far)
         self._sent = 0
@@ -114,10 +148,10 @@ class BufferedToolCalls:
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         if self._held is None:
-            head, tag = text.lstrip(), self.parser.python_tag
-            if head.startswith(("{", tag)):
+            head, starts = text.lstrip(), self.parser.call_starts
+            if head.startswith(starts):
                 self._held = True
-            elif head and not tag.startswith(head):
+            elif head and not any(start.startswith(head) for start in starts):
                 self._held = False
             elif not final:
                 return "", []
@@ -241,6 +275,8 @@ class WholeOutputToolCalls:
         return content or "", calls
 
 
-ToolParser = HermesToolParser | Llama3JsonToolParser | NamedToolCall | RequiredToolCalls
+ToolParser = (HermesToolParser | Llama3JsonToolParser | PythonicToolParser | NamedToolCall
+              | RequiredToolCalls)
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser,
-                                             "llama3_json": Llama3JsonToolParser}
+                                             "llama3_json": Llama3JsonToolParser,
+                                             "pythonic": PythonicToolParser}
