@@ -92,6 +92,19 @@ def test_chat_single_and_batch(llm):
     assert len(no_prompt[0].prompt_token_ids) < len(expected_ids)
 
 
+def test_chat_tools_and_template_kwargs(llm):
+    """tools and chat_template_kwargs (Qwen3's enable_thinking, say) reach the template."""
+    tok = llm.get_tokenizer()
+    template = ("{% if tools %}T:{{ tools[0].function.name }};{% endif %}"
+                "{% if enable_thinking is defined and not enable_thinking %}NT;{% endif %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "lookup"}}]
+    out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False, chat_template=template,
+                   tools=tools, chat_template_kwargs={"enable_thinking": False},
+                   add_generation_prompt=False)
+    assert out[0].prompt_token_ids == tok.encode("T:lookup;NT;hi", add_special_tokens=False)
+
+
 def test_n_and_logprobs_through_llm(llm):
     out = llm.generate("Hello", SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=6,
                                                logprobs=2, ignore_eos=True), use_tqdm=False)[0]

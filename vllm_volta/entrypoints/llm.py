@@ -127,8 +127,12 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None,
              **template_kwargs: Any) -> list[RequestOutput]:
-        """Render each conversation with the chat template, then generate."""
+        """Render each conversation with the chat template, then generate. ``tools`` and
+        ``chat_template_kwargs`` (e.g. Qwen3's ``{"enable_thinking": False}``) reach the
+        template, as in vLLM; other keyword arguments do too."""
         from vllm_volta.transformers_utils.tokenizer import apply_chat_template
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
@@ -140,8 +144,8 @@ class LLM:
         for conversation in conversations:
             text = apply_chat_template(tokenizer, conversation, chat_template=chat_template,
                                        add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=continue_final_message,
-                                       **template_kwargs)
+                                       continue_final_message=continue_final_message, tools=tools,
+                                       **{**(chat_template_kwargs or {}), **template_kwargs})
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
