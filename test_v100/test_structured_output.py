@@ -12,7 +12,7 @@ import torch
 from test_v100.worker.tiny_models import random_prompts, save_tiny_model
 from vllm_volta import LLM
 from vllm_volta.sampling_params import SamplingParams, StructuredOutputsParams
-from vllm_volta.structured_output import apply_bitmask
+from vllm_volta.sample.token_bias import apply_bitmask
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "color"],
           "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}}}

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vllm_volta.logger import init_logger
+from vllm_volta.logger import info_once, init_logger
 
 logger = init_logger(__name__)
 
@@ -193,7 +193,8 @@ class ModelConfig:
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """The sampling defaults the model's creator recommends (generation_config.json:
         temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as max_tokens)
-        under generation_config="auto" or a folder; {} under "vllm" or without the file."""
+        under generation_config="auto" or a folder; {} under "vllm" or without the file. Reads
+        the file on each call: callers keep the result."""
         if self.generation_config == "vllm":
             return {}
         folder = self.model_path if self.generation_config == "auto" else self.generation_config
@@ -206,7 +207,12 @@ class ModelConfig:
             raise ValueError(f"generation_config: {path} is not readable JSON ({exc})") from exc
         names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                  "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
-        return {ours: values[theirs] for theirs, ours in names.items() if values.get(theirs) is not None}
+        defaults = {ours: values[theirs] for theirs, ours in names.items()
+                    if values.get(theirs) is not None}
+        if defaults:  # as vLLM says when the model's recommendations replace its own
+            info_once(logger, "Sampling defaults from %s: %s (fields a request sets win; "
+                      "--generation-config vllm turns this off)", path, defaults)
+        return defaults
 
 
 @dataclass

@@ -82,7 +82,8 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs must set exactly one of json, regex, choice, grammar, "
                              f"json_object; got {given or 'none'}.")
         if self.json is not None and not isinstance(self.json, (str, dict)):
-            raise ValueError(f"structured_outputs json must be a JSON schema (dict or text), got {self.json!r}.")
+            raise ValueError(f"structured_outputs json must be a JSON schema (dict or text), "
+                             f"got {self.json!r}.")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -314,21 +315,6 @@ class SamplingParams:
                 f"prompt_logprobs={self.prompt_logprobs}, "
                 f"skip_special_tokens={self.skip_special_tokens}, "
                 f"spaces_between_special_tokens={self.spaces_between_special_tokens})")
-
-
-_logged_defaults = False
-
-
-def default_sampling_params(model_config: Any) -> dict[str, Any]:
-    """The model's recommended sampling defaults (ModelConfig.get_diff_sampling_param), logged
-    once when they replace vLLM's, as vLLM logs it."""
-    global _logged_defaults
-    defaults = model_config.get_diff_sampling_param()
-    if defaults and not _logged_defaults:
-        _logged_defaults = True
-        logger.info("Sampling defaults from the model's generation_config.json: %s (fields a "
-                    "request sets win; --generation-config vllm turns this off)", defaults)
-    return defaults
 
 
 @dataclass

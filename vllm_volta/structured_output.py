@@ -3,8 +3,9 @@
 A request's StructuredOutputsParams compile (cached) into a grammar over the tokenizer's
 vocabulary; each sequence gets a matcher that follows its tokens. Before each sample the
 matchers of the step's constrained rows fill a bitmask of the tokens that may come next, the
-sampler sets every other logit to -inf, and the engine feeds each sampled token back
-(``accept``); a sequence whose grammar is complete stops there. Those sequences read their token
+sampler sets every other logit to -inf (sample/token_bias.apply_bitmask), and the scheduler
+feeds each sampled token back (``accept``, in update_from_output); a sequence whose grammar is
+complete stops there. Those sequences read their token
 history, so async scheduling waits for each of their tokens before the next step.
 """
 from __future__ import annotations
@@ -93,17 +94,6 @@ def fill_bitmask(matchers: Sequence[Any], vocab_size: int) -> torch.Tensor:
     for row, matcher in enumerate(matchers):
         matcher.fill_next_token_bitmask(bitmask, row)
     return bitmask
-
-
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """-inf, in place, for the tokens each of ``rows`` may not take (``bitmask`` from
-    fill_bitmask, on any device)."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :logits.shape[1]]
-    if allowed.shape[1] < logits.shape[1]:  # the logits' rows are wider than the grammar's vocabulary
-        allowed = torch.nn.functional.pad(allowed, (0, logits.shape[1] - allowed.shape[1]))
-    logits[rows] = logits[rows].masked_fill_(~allowed, float("-inf"))
-    return logits
 
 
 def _first_line(exc: BaseException) -> str:

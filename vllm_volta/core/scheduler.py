@@ -18,6 +18,7 @@ from vllm_volta.config import SchedulerConfig
 from vllm_volta.core.kv_cache_manager import KVCacheManager
 from vllm_volta.core.request import Request, RequestStatus
 from vllm_volta.logger import init_logger
+from vllm_volta.structured_output import accept
 
 logger = init_logger(__name__)
 
@@ -95,6 +96,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def grammar_complete(request: Request, new_ids: list[int]) -> bool:
+    """Structured outputs: feed the new tokens to the request's grammar matcher; an output the
+    grammar holds complete stops there, as on a stop token. Sets status; True if finished."""
+    if not accept(request.grammar, new_ids):
+        return False
+    request.status = RequestStatus.FINISHED_STOPPED
+    return True
 
 
 class Scheduler:
@@ -274,9 +284,11 @@ class Scheduler:
                 continue
             request.append_output_token_ids(new_ids)
             advanced.append(request)
-            if check_stop(request, max_model_len):
+            if check_stop(request, max_model_len) or (
+                    request.grammar is not None and grammar_complete(request, new_ids)):
                 finished.append(request.request_id)
         if finished:
-            # Statuses are set already (check_stop); one batch, one pass over the queues.
+            # Statuses are set already (check_stop, grammar_complete); one batch, one pass over
+            # the queues.
             self.finish_requests(finished, RequestStatus.FINISHED_STOPPED)
         return advanced

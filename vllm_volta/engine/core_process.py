@@ -55,14 +55,12 @@ class _PipeWriter:
         self._thread.start()
 
     def send(self, msg: tuple) -> None:
-        self._put(ForkingPickler.dumps(msg))
-
-    def _put(self, item: Any) -> None:
+        data = ForkingPickler.dumps(msg)
         while True:  # a full queue waits, unless the thread has stopped on an error
             if self.error is not None:
                 raise BrokenPipeError(f"the client is gone: {self.error}")
             try:
-                self._queue.put(item, timeout=0.1)
+                self._queue.put(data, timeout=0.1)
                 return
             except queue.Full:
                 pass

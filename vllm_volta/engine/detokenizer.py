@@ -83,20 +83,20 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         # Fast tokenizers step a DecodeStream (the same windowed decode, in Rust: one call per
         # token), primed with the context ids; others decode the window here.
+        context_text = self._decode(self._ids) if self._decode else ""
         self._stream = self._backend = None
-        if params.detokenize and DecodeStream is not None:
-            self._backend = _rust_backend(tokenizer)
         # A context that ends inside a character (a prompt cut mid-UTF-8) would leave its bytes
         # in the stream, to come out with the first output token: the window decode drops them.
-        if self._backend is not None and self._decode(self._ids).endswith(_REPLACEMENT_CHAR):
-            self._backend = None
+        if (params.detokenize and DecodeStream is not None
+                and not context_text.endswith(_REPLACEMENT_CHAR)):
+            self._backend = _rust_backend(tokenizer)
         if self._backend is not None:
             self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
             for token_id in self._ids:
                 self._stream.step(self._backend, token_id)
-            self._prefix_text = None  # decoded when a flush needs it
+            self._prefix_text = None  # the stream moves the window: decoded when a flush needs it
         else:
-            self._prefix_text = self._decode(self._ids) if self._decode else ""
+            self._prefix_text = context_text
         # Stop strings may only end in text produced after min_tokens tokens.
         self._stop_check_floor = 0
         self._flushed = False

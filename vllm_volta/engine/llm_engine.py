@@ -24,7 +24,6 @@ from vllm_volta.engine.input_processor import InputProcessor, PromptInput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.sampling_params import SamplingParams
-from vllm_volta.structured_output import accept
 from vllm_volta.worker.model_runner import PendingOutput
 
 __all__ = ["EngineStats", "LLMEngine"]
@@ -225,11 +224,6 @@ class LLMEngine:
         for request in advanced:
             group = groups[request.parent_id]
             num_new = len(sampled[request.request_id])
-            if (request.grammar is not None and accept(request.grammar, sampled[request.request_id])
-                    and not request.is_finished):
-                # The output is complete: it stops here, as on a stop token.
-                request.status = RequestStatus.FINISHED_STOPPED
-                self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
             self._generation_tokens_total += num_new
             stop_str = group.process_tokens(request, num_new, logprobs.get(request.request_id),
                                             now)

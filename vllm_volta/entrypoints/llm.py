@@ -11,7 +11,7 @@ from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.input_processor import PromptInput
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.outputs import CompletionOutput, RequestOutput
-from vllm_volta.sampling_params import BeamSearchParams, SamplingParams, default_sampling_params
+from vllm_volta.sampling_params import BeamSearchParams, SamplingParams
 
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -44,6 +44,8 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
             load_format=load_format, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        # The model's recommended sampling defaults (generation_config), read once.
+        self._default_sampling = self.llm_engine.model_config.get_diff_sampling_param()
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -77,7 +79,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() uses without sampling_params: vLLM's defaults, or the model's
         generation_config.json recommendations (generation_config="auto", the default)."""
-        return SamplingParams(**default_sampling_params(self.llm_engine.model_config))
+        return SamplingParams(**self._default_sampling)
 
     @staticmethod
     def _params_list(sampling_params: SamplingParams | Sequence[SamplingParams],

@@ -12,8 +12,7 @@ from vllm_volta.sample.filters import apply_min_p, apply_top_k_top_p
 from vllm_volta.sample.logprobs import LogprobsTensors, gather_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata
 from vllm_volta.sample.penalties import apply_min_tokens, apply_penalties
-from vllm_volta.sample.token_bias import apply_allowed_token_ids, apply_logit_bias
-from vllm_volta.structured_output import apply_bitmask
+from vllm_volta.sample.token_bias import apply_allowed_token_ids, apply_bitmask, apply_logit_bias
 
 
 @dataclass
@@ -112,10 +111,10 @@ def fused_random_sample(logits: torch.Tensor, temperature: torch.Tensor,
 class Sampler(nn.Module):
     """vLLM's sampling pipeline.
 
-    Order: structured-output grammar masks, allowed_token_ids, min_tokens masking of stop/eos ids, logit_bias, penalties
-    (repetition on prompt + output, presence/frequency on output), greedy argmax for
-    temperature-0 rows; for the others temperature, top-k, top-p, min-p, then an
-    exponential-race sample (on CUDA without top-k/top-p/min-p: the same race fused into one
+    Order: structured-output grammar masks, allowed_token_ids, min_tokens masking of stop/eos
+    ids, logit_bias, penalties (repetition on prompt + output, presence/frequency on output),
+    greedy argmax for temperature-0 rows; for the others temperature, top-k, top-p, min-p, then
+    an exponential-race sample (on CUDA without top-k/top-p/min-p: the same race fused into one
     pass, ``fused_random_sample``).
 
     With ``sampled_host`` (pinned, one int64 per row) the ids are written there by the sampling

@@ -55,23 +55,24 @@ class OpenAIServingChat(OpenAIServing):
         top = (request.top_logprobs or 0) if request.logprobs else None
         self.check_logprobs(top, "top_logprobs")
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
-        parser, forced = self._tool_calls(request)
+        tools = [t.model_dump() for t in request.tools] if request.tools else None
+        parser, forced = self._tool_calls(request, tools)
         prompt = self.render_chat(
             request.messages, add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template=request.chat_template, template_kwargs=request.chat_template_kwargs,
-            tools=[t.model_dump() for t in request.tools] if request.tools else None)
+            tools=tools)
         prompt_ids = self.tokenize(prompt, request.add_special_tokens)
         param = "max_completion_tokens" if request.max_completion_tokens is not None \
             else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.max_new_tokens, param)
-        extra = {"logprobs": top} if top is not None else {}
         kwargs = request.sampling_kwargs()
+        if top is not None:
+            kwargs["logprobs"] = top
         if forced is not None:
             kwargs["structured_outputs"] = forced
         params = self.make_sampling_params(
-            {"logprobs": "top_logprobs", "max_tokens": param},
-            max_tokens=max_tokens, **kwargs, **extra)
+            {"logprobs": "top_logprobs", "max_tokens": param}, max_tokens=max_tokens, **kwargs)
         request_id = request.request_id or random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt_ids], params)
         if request.stream:
@@ -80,19 +81,19 @@ class OpenAIServingChat(OpenAIServing):
         (final,) = await collect_final(streams, raw_request)
         return JSONResponse(self._response(request, request_id, final, prompt_ids, parser))
 
-    def _tool_calls(self, request: ChatCompletionRequest) -> tuple[ToolParser | None, dict | None]:
+    def _tool_calls(self, request: ChatCompletionRequest, tools: list[dict] | None
+                    ) -> tuple[ToolParser | None, dict | None]:
         """How the output's tool calls are read, and the structured output a forced call needs:
         tool_choice "auto" (with tools: the default) parses with the server's parser, only when
         it has one (as vLLM); "required" and a named function constrain the output to calls;
         "none" reads none. What cannot be served is a 400 naming tool_choice."""
         choice = request.tool_choice
         if choice is None:
-            choice = "auto" if request.tools else "none"
-        if choice != "none" and not request.tools:
+            choice = "auto" if tools else "none"
+        if choice != "none" and not tools:
             raise OpenAIError(f"tool_choice {choice!r} needs tools", 400, "tool_choice")
         if choice == "none":
             return None, None
-        tools = [t.model_dump() for t in request.tools]
         if choice == "auto":
             if self.tool_parser is None:
                 raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from vllm_volta.engine.async_llm import AsyncLLM, RequestError, RequestStream
 from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
-from vllm_volta.sampling_params import SamplingParams, default_sampling_params
+from vllm_volta.sampling_params import SamplingParams
 
 # Logprobs of -inf are not valid JSON; clients get vLLM's floor instead.
 LOGPROB_FLOOR = -9999.0
@@ -42,7 +42,8 @@ class OpenAIServing:
         self.tokenizer = engine.get_tokenizer()
         # The model's recommended sampling defaults (--generation-config), for unset fields.
         model_config = getattr(engine, "model_config", None)
-        self.default_sampling = default_sampling_params(model_config) if model_config is not None else {}
+        self.default_sampling = (model_config.get_diff_sampling_param() if model_config is not None
+                                 else {})
 
     @property
     def model_name(self) -> str:
