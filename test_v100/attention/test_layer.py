@@ -53,8 +53,8 @@ def test_impl_may_provide_its_own_cache_write():
     calls = []
 
     class Impl:
-        def __init__(self, *args):
-            pass
+        def __init__(self, *args, sliding_window=None, logits_soft_cap=None):
+            self.sliding_window, self.logits_soft_cap = sliding_window, logits_soft_cap
 
         def write_to_kv_cache(self, key, value, kv_cache, slot_mapping):
             calls.append(slot_mapping.tolist())

@@ -36,11 +36,13 @@ class Attention(nn.Module):
 
     ``forward(q [T, H*D], k [T, KH*D], v [T, KH*D], kv_cache, attn_metadata) -> [T, H*D]``.
     The backend class (chosen by the platform) provides the attention math; this layer owns the
-    cache write so every backend sees the same cache contents.
+    cache write so every backend sees the same cache contents. ``sliding_window`` and
+    ``logits_soft_cap``: see AttentionImplBase (the cache still holds every token).
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
-                 backend_cls: type | None = None) -> None:
+                 backend_cls: type | None = None, *, sliding_window: int | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_head_grouping(num_heads, num_kv_heads)
@@ -52,7 +54,9 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.scale = scale
         self.backend_cls = backend_cls
-        self.impl = backend_cls.get_impl_cls()(num_heads, head_size, scale, num_kv_heads)
+        self.impl = backend_cls.get_impl_cls()(num_heads, head_size, scale, num_kv_heads,
+                                                sliding_window=sliding_window,
+                                                logits_soft_cap=logits_soft_cap)
         # A backend with a fused cache-write kernel provides it on the impl, and may provide
         # one that also applies RoPE.
         self._write = getattr(self.impl, "write_to_kv_cache", write_to_kv_cache)
@@ -84,5 +88,7 @@ class Attention(nn.Module):
         return self.impl.forward(query, key, value, kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k in ("sliding_window", "logits_soft_cap")
+                        if (v := getattr(self.impl, k)) is not None)
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
-                f"backend={getattr(self.backend_cls, 'name', self.backend_cls.__name__)}")
+                f"backend={getattr(self.backend_cls, 'name', self.backend_cls.__name__)}{extra}")

@@ -15,19 +15,23 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
-def _naive(q, ctx_k, ctx_v, positions, scale, group):
-    """q [n, H, D] of tokens at ``positions``; ctx_k/v [L, KH, D] -> [n, H, D], float64."""
+def _naive(q, ctx_k, ctx_v, positions, scale, group, window=None, soft_cap=None):
+    """q [n, H, D] of tokens at ``positions``; ctx_k/v [L, KH, D] -> [n, H, D], float64. A
+    query at p sees keys max(0, p - window + 1) .. p; scores s become cap * tanh(s / cap)."""
     out = torch.empty(q.shape, dtype=torch.float64)
     for i, pos in enumerate(positions):
+        first = 0 if window is None else max(0, pos - window + 1)
         for h in range(q.shape[1]):
-            k = ctx_k[: pos + 1, h // group].double()
-            v = ctx_v[: pos + 1, h // group].double()
-            w = torch.softmax(k @ q[i, h].double() * scale, dim=0)
-            out[i, h] = w @ v
+            k = ctx_k[first: pos + 1, h // group].double()
+            v = ctx_v[first: pos + 1, h // group].double()
+            s = k @ q[i, h].double() * scale
+            if soft_cap is not None:
+                s = soft_cap * torch.tanh(s / soft_cap)
+            out[i, h] = torch.softmax(s, dim=0) @ v
     return out
 
 
-def _case(seqs, num_heads, num_kv_heads, head_size, dtype, device, block_size=4, seed=0):
+def _case(seqs, num_heads, num_kv_heads, head_size, dtype, device, block_size=4, seed=0, **naive_kw):
     """seqs: list of (num_computed, num_new). Fills a scrambled paged cache with each sequence's
     whole context; returns (query, cache, metadata, expected output)."""
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +52,7 @@ def _case(seqs, num_heads, num_kv_heads, head_size, dtype, device, block_size=4,
         q = torch.randn(new, num_heads, head_size, generator=g).to(dtype)
         queries.append(q)
         expected.append(_naive(q, k, v, range(done, length), scale,
-                               num_heads // num_kv_heads))
+                               num_heads // num_kv_heads, **naive_kw))
     md = build_attn_metadata([c for c, _ in seqs], [n for _, n in seqs], block_ids, block_size,
                              device)
     query = torch.cat(queries).reshape(-1, num_heads * head_size)
@@ -67,6 +71,29 @@ def test_mixed_batch_matches_naive(device, dtype, atol, heads, kv_heads, head_si
     assert out.shape == q.shape and out.dtype == dtype
     got = out.view(-1, heads, head_size).double().cpu()
     torch.testing.assert_close(got, expected, atol=atol, rtol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window,soft_cap", [(3, None), (None, 0.8), (5, 1.5), (1, None)])
+def test_sliding_window_and_soft_cap(device, window, soft_cap):
+    # Windows shorter than most contexts; soft caps small enough to change the softmax.
+    seqs = [(9, 1), (0, 7), (5, 6), (8, 3), (16, 1)]
+    q, cache, md, expected, scale = _case(seqs, 8, 2, 16, torch.float32, device, seed=5,
+                                          window=window, soft_cap=soft_cap)
+    impl = TorchSDPABackend.get_impl_cls()(8, 16, scale, 2, sliding_window=window,
+                                          logits_soft_cap=soft_cap)
+    out = impl.forward(q, None, None, cache, md).view(-1, 8, 16).double().cpu()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    plain = _case(seqs, 8, 2, 16, torch.float32, device, seed=5)[3]
+    assert (expected - plain).abs().max() > 1e-2  # the window / cap changed the result
+
+
+def test_rejects_bad_window_and_soft_cap():
+    impl_cls = TorchSDPABackend.get_impl_cls()
+    for kw, field in (({"sliding_window": 0}, "sliding_window"), ({"sliding_window": 2.5}, "sliding_window"),
+                      ({"logits_soft_cap": 0.0}, "logits_soft_cap"), ({"logits_soft_cap": -1.0}, "logits_soft_cap")):
+        with pytest.raises(ValueError, match=field):
+            impl_cls(4, 8, 0.3, 2, **kw)
 
 
 def test_only_decodes_and_only_prefills():

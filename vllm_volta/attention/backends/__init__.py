@@ -19,12 +19,31 @@ def check_head_grouping(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
-class AttentionImplBase:
-    """Head bookkeeping every backend impl shares (the impl contract's constructor)."""
+def check_window_and_soft_cap(sliding_window: int | None, logits_soft_cap: float | None) -> None:
+    """Reject a sliding window that is not a positive int and a soft cap that is not > 0."""
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be > 0 or None, got {logits_soft_cap!r}")
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+
+class AttentionImplBase:
+    """Head bookkeeping every backend impl shares (the impl contract's constructor).
+
+    ``sliding_window``: a query at position p sees the keys at p - sliding_window + 1 .. p (itself
+    and the window - 1 before it, as transformers' sliding-window layers), or all keys up to p
+    when None. ``logits_soft_cap``: scores s (already scaled) become cap * tanh(s / cap) before
+    the softmax (Gemma 2), or stay as they are when None.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, *,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+        check_window_and_soft_cap(sliding_window, logits_soft_cap)
         self.num_queries_per_kv = check_head_grouping(num_heads, num_kv_heads)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap

@@ -4,8 +4,10 @@ Keys/values are gathered from the paged cache through the block table and handed
 ``torch.nn.functional.scaled_dot_product_attention``. Decode sequences (one new token each) run
 as one padded batch; prefill (and chunked-prefill) sequences run one by one with a causal mask
 shifted to their context offset, since their new tokens are the LAST ``q_len`` of ``seq_len``.
-That split is worked out by the first layer of a step and cached on the AttentionMetadata, so a
-metadata object must not be changed in place once a forward pass has used it.
+A sliding window narrows both masks; a logit soft cap runs the explicit math
+(attention/explicit.py) instead of SDPA. That split is worked out by the first layer of a step
+(per window) and cached on the AttentionMetadata, so a metadata object must not be changed in
+place once a forward pass has used it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from vllm_volta.attention.backends import AttentionImplBase
+from vllm_volta.attention.explicit import context_mask, masked_attention
 from vllm_volta.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ class _Plan:
         default_factory=list)
 
 
-def _build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
+def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _Plan:
     plan = _Plan()
     device = md.block_table.device
     starts = md.query_start_loc_cpu.tolist()
@@ -76,17 +78,17 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
         plan.decode_tokens = torch.tensor([starts[i] for i in decodes], device=device)
         plan.decode_blocks = md.block_table[torch.tensor(decodes, device=device),
                                             :num_blocks].long()
-        mask = torch.arange(plan.decode_len)[None, :] < lens[:, None]
+        pos = torch.arange(plan.decode_len)[None, :]
+        mask = pos < lens[:, None]
+        if window is not None:
+            mask &= pos >= lens[:, None] - window
         plan.decode_mask = mask[:, None, None, :].to(device)
     for i, seq_len in enumerate(seq_lens):
         q_len = starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
         blocks = md.block_table[i, : -(-seq_len // block_size)].long()
-        mask = None  # q_len == seq_len: nothing cached before, plain causal
-        if q_len != seq_len:  # query j sits at absolute position seq_len - q_len + j
-            q_pos = torch.arange(seq_len - q_len, seq_len)
-            mask = (torch.arange(seq_len)[None, :] <= q_pos[:, None]).to(device)
+        mask = context_mask(q_len, seq_len, window, device)  # None: plain causal
         plan.prefills.append((starts[i], q_len, seq_len, blocks, mask))
     return plan
 
@@ -99,7 +101,8 @@ class TorchSDPAImpl(AttentionImplBase):
         """query [T, H*D] -> [T, H*D]; the new key/value are already in ``kv_cache``."""
         del key, value  # read back from the cache, which now holds the whole context
         md = attn_metadata
-        plan = md.step_cached("torch_sdpa", lambda: _build_plan(md, kv_cache.shape[2]))
+        window = self.sliding_window
+        plan = md.step_cached(f"torch_sdpa/{window}", lambda: _build_plan(md, kv_cache.shape[2], window))
         num_tokens = md.num_actual_tokens
         q = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         output = torch.zeros_like(query)
@@ -115,7 +118,7 @@ class TorchSDPAImpl(AttentionImplBase):
             k = self._gather_kv(key_cache, blocks, seq_len)  # [H, L, D]
             v = self._gather_kv(value_cache, blocks, seq_len)
             qs = q[start:start + q_len].transpose(0, 1)  # [H, q_len, D]
-            res = self._sdpa(qs, k, v, mask, is_causal=mask is None)
+            res = self._sdpa(qs, k, v, mask)
             out[start:start + q_len] = res.transpose(0, 1).to(out.dtype)
         return output
 
@@ -129,7 +132,6 @@ class TorchSDPAImpl(AttentionImplBase):
         return gathered
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
+              mask: torch.Tensor | None) -> torch.Tensor:
         # SDPA wants matching dtypes; the cache dtype is the model's activation dtype.
-        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                              is_causal=is_causal, scale=self.scale)
+        return masked_attention(q, k.to(q.dtype), v.to(q.dtype), mask, self.scale, self.logits_soft_cap)
