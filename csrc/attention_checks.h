@@ -13,6 +13,10 @@ inline bool paged_attention_supports_head_size(int64_t d) { return d == 64 || d 
 // scores in shared memory without opting in to more than 48 KiB).
 constexpr int64_t kMaxPartitionSize = 1024;
 
+// With a sliding window the decode kernels start a sequence's partitions at the window's first
+// token rounded down to this many tokens (kWindowAlign in kernels/paged_attention.cuh).
+constexpr int64_t kDecodeWindowAlign = 32;
+
 struct KVCacheLayout {
   int64_t num_blocks;
   int64_t block_size;
@@ -76,11 +80,13 @@ struct PagedDecodeArgs {
   int64_t num_seqs;
   int64_t num_heads;
   int64_t num_partitions;
+  int64_t max_span;  // the longest context the grid covers: max_seq_len, or less with a window
 };
 
 inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& query, const Tensor& kv_cache,
                                                const Tensor& block_table, const Tensor& seq_lens, double scale,
-                                               int64_t max_seq_len, int64_t partition_size, int64_t num_threads) {
+                                               int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
+                                               int64_t sliding_window, double soft_cap) {
   const char* op = "paged_attention_decode";
   const KVCacheLayout cache = check_kv_cache(op, kv_cache);
   check_same_dtype(op, "query", query, kv_cache, "kv_cache");
@@ -112,9 +118,15 @@ inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& 
                   ": 'partition_size' must be a multiple of 16 in [16, ", kMaxPartitionSize, "], got ", partition_size);
   VLLM_VOLTA_CHECK(num_threads % 32 == 0 && num_threads >= 64 && num_threads <= 512, op,
                   ": 'num_threads' must be a multiple of 32 in [64, 512], got ", num_threads);
-  const int64_t num_partitions = max_seq_len <= partition_size ? 1 : (max_seq_len + partition_size - 1) / partition_size;
+  VLLM_VOLTA_CHECK(sliding_window >= 0 && sliding_window < (1LL << 31), op,
+                  ": 'sliding_window' must be >= 0 (0 = none), got ", sliding_window);
+  VLLM_VOLTA_CHECK(soft_cap >= 0.0, op, ": 'logits_soft_cap' must be >= 0 (0 = none), got ", soft_cap);
+  // A window's partitions start at most kDecodeWindowAlign - 1 tokens before it.
+  const int64_t span = sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kDecodeWindowAlign - 1)
+                                          : max_seq_len;
+  const int64_t num_partitions = span <= partition_size ? 1 : (span + partition_size - 1) / partition_size;
   VLLM_VOLTA_CHECK(num_partitions <= 65535, op, ": max_seq_len / partition_size exceeds 65535 partitions");
-  return {cache, num_seqs, num_heads, num_partitions};
+  return {cache, num_seqs, num_heads, num_partitions, span};
 }
 
 }  // namespace vllm_volta

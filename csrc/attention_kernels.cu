@@ -19,6 +19,8 @@
 
 namespace vllm_volta {
 
+static_assert(kWindowAlign == kDecodeWindowAlign, "host and kernels must align windows alike");
+
 namespace {
 
 // Calls f(IntTag<D>{}) for the supported head sizes (checked before).
@@ -191,10 +193,11 @@ unsigned fitted_threads(int device, int64_t num_threads) {
 }  // namespace
 
 void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
-                            double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads) {
+                            double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
+                            int64_t sliding_window, double logits_soft_cap) {
   const char* op = "paged_attention_decode";
   const PagedDecodeArgs a = check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len,
-                                                    partition_size, num_threads);
+                                                    partition_size, num_threads, sliding_window, logits_soft_cap);
   check_cuda(op, "query", query);
   if (a.num_seqs == 0) return;
   // The kernel reads query/key/value rows with 16-byte loads.
@@ -213,7 +216,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   auto plan = [&](auto type_tag) {
     dispatch_head_size(d, [&](auto d_tag) {
       tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(
-          device, blocks_per_partition, max_seq_len, partition_size, a.num_partitions,
+          device, blocks_per_partition, a.max_span, partition_size, a.num_partitions,
           num_threads, hpb);
     });
   };
@@ -239,7 +242,8 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
                                  static_cast<int>(hpb), static_cast<int>(a.cache.block_size),
                                  static_cast<int>(part_size), static_cast<int>(num_partitions), q_stride,
                                  block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
-                                 static_cast<float>(scale)};
+                                 static_cast<float>(scale), static_cast<int>(sliding_window),
+                                 static_cast<float>(logits_soft_cap)};
 
   dispatch_float_type(op, query, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
@@ -274,7 +278,7 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
       launch_kernel(paged_attention_reduce_kernel<T>, grid, dim3(128), 0, stream, pdl, out_ptr, part_out, part_max,
                     part_sum, static_cast<const int*>(seq_lens.data_ptr()), static_cast<int>(d),
-                    static_cast<int>(part_size), static_cast<int>(num_partitions));
+                    static_cast<int>(part_size), static_cast<int>(num_partitions), params.window);
     }
   });
   check_launch(op);

@@ -39,9 +39,10 @@ void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor sl
   check_reshape_and_cache_args(key, value, kv_cache, slot_mapping);
 }
 void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
-                                 double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads) {
+                                 double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
+                                 int64_t sliding_window, double logits_soft_cap) {
   check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len, partition_size,
-                          num_threads);
+                          num_threads, sliding_window, logits_soft_cap);
 }
 
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
@@ -112,7 +113,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // Paged KV cache [2, num_blocks, block_size, num_kv_heads, head_size] (docs/ARCHITECTURE.md).
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()");
   m.def("paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, "
-        "Tensor seq_lens, float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()");
+        "Tensor seq_lens, float scale, int max_seq_len, int partition_size=512, int num_threads=128, "
+        "int sliding_window=0, float logits_soft_cap=0.0) -> ()");
   // In place on query/key ([T, H*D] or [T, H, D], rows may be strided); cos_sin_cache [max_pos, rot_dim].
   m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");

@@ -15,7 +15,8 @@ def test_beam_search_matches_transformers(tmp_path):
     from vllm_volta.sampling_params import BeamSearchParams
 
     hf = save_tiny_model(tmp_path, "llama")
-    llm = LLM(str(tmp_path), cpu_kvcache_space=0.01, max_model_len=64, skip_tokenizer_init=True)
+    # float32 on a GPU too (its default would be float16), for the 1e-3 logprob check.
+    llm = LLM(str(tmp_path), cpu_kvcache_space=0.01, max_model_len=64, skip_tokenizer_init=True, dtype="float32")
     prompts = random_prompts(2, 4, 9, seed=11)
     outs = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))
     for prompt, out in zip(prompts, outs):

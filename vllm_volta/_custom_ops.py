@@ -90,7 +90,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
 
 def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           max_seq_len: int, partition_size: int = 512, num_threads: int = 128) -> None:
+                           max_seq_len: int, partition_size: int = 512, num_threads: int = 128,
+                           sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
     """One query token per sequence attends to its whole cached context. CUDA only.
 
     ``query``/``out`` are [num_seqs, num_heads, head_size] (query rows may be strided);
@@ -98,9 +99,12 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: tor
     including the query token, already in the cache). ``max_seq_len`` must bound every seq_len:
     the launch grid depends only on it, so a CUDA graph captured with max_model_len replays for
     any lengths. ``partition_size``/``num_threads`` are tunable launch parameters.
+    ``sliding_window``: the query (at seq_len - 1) sees only the last ``sliding_window`` tokens;
+    ``logits_soft_cap``: scaled scores s become cap * tanh(s / cap) (None = neither).
     """
     torch.ops._C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
-                                        max_seq_len, partition_size, num_threads)
+                                        max_seq_len, partition_size, num_threads, sliding_window or 0,
+                                        logits_soft_cap or 0.0)
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,

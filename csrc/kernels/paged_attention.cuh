@@ -11,6 +11,10 @@
 //  2. softmax over the partition in shared memory (max, exp, sum);
 //  3. P @ V: the same lane groups accumulate p * v in fp32 registers, reduced over the
 //     groups of a warp by shuffles and over warps by shared-memory atomics.
+// A sliding window (params.window > 0) starts the partitions at the window's first token rounded
+// down to a multiple of kWindowAlign (whole 32-token tiles for the tensor-core kernel); the few
+// tokens before the window in the first partition are masked. A soft cap (params.soft_cap > 0)
+// turns each scaled score s into cap * tanh(s / cap) before the softmax.
 // One partition: the normalized output is written directly. Several: the partition's
 // unnormalized output, max and exp-sum go to fp32 scratch and a second kernel combines
 // them (log-sum-exp rescaling). Everything is fp32 inside; FP16 uses no BF16 path.
@@ -43,6 +47,29 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+constexpr int kWindowAlign = 32;
+
+// The first context token a query at seq_len - 1 sees: seq_len - window with a window, else 0.
+__host__ __device__ __forceinline__ int window_first(int seq_len, int window) {
+  return window > 0 && seq_len > window ? seq_len - window : 0;
+}
+// Where the partitions of a sequence start: window_first rounded down to kWindowAlign.
+__host__ __device__ __forceinline__ int context_base(int seq_len, int window) {
+  return window_first(seq_len, window) / kWindowAlign * kWindowAlign;
+}
+
+// Before the softmax, when the launch has a window or a soft cap: score s[i] (times `scale`) of
+// the partition's tokens becomes the capped score, or the lowest float for the tokens before
+// the window (`skip` of them, from the partition start); the caller then uses a scale of 1.
+// Lanes of a warp stride the partition, as the softmax does.
+__device__ __forceinline__ void cap_and_mask_scores(float* s, int n, int skip, float scale, float cap, int lane) {
+  for (int i = lane; i < n; i += 32) {
+    const float x = s[i] * scale;
+    s[i] = i < skip ? kNegLargest : (cap > 0.f ? cap * tanhf(x / cap) : x);
+  }
+  __syncwarp();
+}
+
 struct PagedDecodeParams {
   int num_heads;
   int num_kv_heads;
@@ -54,6 +81,8 @@ struct PagedDecodeParams {
   int64_t bt_stride;       // elements between block-table rows
   int64_t num_slots;       // num_blocks * block_size: rows in one half of the cache
   float scale;
+  int window;              // sliding window in tokens, 0 = the whole context
+  float soft_cap;          // attention-logit soft cap, 0 = none
 };
 
 // EXACT: hpb == HPB (the group is 1, 2, 4 or 8), a compile-time constant; else hpb comes
@@ -75,7 +104,7 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     const int seq = blockIdx.y;
     const int part = blockIdx.z;
     const int seq_len = seq_lens[seq];
-    const int start = part * p.partition_size;
+    const int start = context_base(seq_len, p.window) + part * p.partition_size;
     if (start >= seq_len) return;
     const int n = min(p.partition_size, seq_len - start);
     const int hpb = EXACT ? HPB : p.heads_per_block;
@@ -166,8 +195,10 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     __syncthreads();
 
     // ---- 2. softmax over the partition: one warp per head ----
+    const int skip = window_first(seq_len, p.window) - start;  // > 0: the first partition only
     for (int h = warp; h < hpb; h += num_warps) {
       float* s = smem + h * p.partition_size;
+      if (skip > 0 || p.soft_cap > 0.f) cap_and_mask_scores(s, n, skip, 1.f, p.soft_cap, threadIdx.x % 32);
       float m = kNegLargest;
       for (int i = threadIdx.x % 32; i < n; i += 32) m = fmaxf(m, s[i]);
       m = warp_max(m);
@@ -273,7 +304,7 @@ __global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* 
                                               const float* __restrict__ part_max,
                                               const float* __restrict__ part_sum,
                                               const int* __restrict__ seq_lens, int head_size,
-                                              int partition_size, int num_partitions) {
+                                              int partition_size, int num_partitions, int window) {
   pdl_launch_dependents();
   pdl_wait();  // the partitions' results come from the attention kernel before
   if constexpr (!arch_supports<T>::value) {
@@ -282,7 +313,8 @@ __global__ void paged_attention_reduce_kernel(T* __restrict__ out, const float* 
     const int head = blockIdx.x;
     const int seq = blockIdx.y;
     const int64_t row = static_cast<int64_t>(seq) * gridDim.x + head;
-    const int used = min(num_partitions, (seq_lens[seq] + partition_size - 1) / partition_size);
+    const int span = seq_lens[seq] - context_base(seq_lens[seq], window);
+    const int used = min(num_partitions, (span + partition_size - 1) / partition_size);
     const float* maxes = part_max + row * num_partitions;
     const float* sums = part_sum + row * num_partitions;
     float m = kNegLargest;

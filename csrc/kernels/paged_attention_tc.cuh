@@ -54,8 +54,8 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
   constexpr int VR = D / 8;  // 16-byte vectors per row
   static_assert(D % 32 == 0, "head size must be a multiple of 32");
   const int seq = blockIdx.y;
-  const int start = blockIdx.z * p.partition_size;
   const int seq_len = seq_lens[seq];
+  const int start = context_base(seq_len, p.window) + blockIdx.z * p.partition_size;  // a whole tile
   if (start >= seq_len) return;
   const int n = min(p.partition_size, seq_len - start);
   const int hpb = p.heads_per_block;
@@ -169,14 +169,18 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
   __syncthreads();
 
   // ---- 2. softmax over the partition: one warp per head; exps replace the scores ----
+  const int skip = window_first(seq_len, p.window) - start;  // > 0: the first partition only
+  const bool transform = skip > 0 || p.soft_cap > 0.f;
+  const float scale = transform ? 1.f : p.scale;  // transformed scores are scaled already
   for (int h = warp; h < hpb; h += num_warps) {
     float* s = scores + h * SP;
+    if (transform) cap_and_mask_scores(s, n, skip, p.scale, p.soft_cap, lane);
     float m = kNegLargest;
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, s[i] * p.scale);
+    for (int i = lane; i < n; i += 32) m = fmaxf(m, s[i] * scale);
     m = warp_max(m);
     float sum = 0.f;
     for (int i = lane; i < n; i += 32) {
-      const float e = __expf(s[i] * p.scale - m);
+      const float e = __expf(s[i] * scale - m);
       s[i] = e;
       sum += e;
     }

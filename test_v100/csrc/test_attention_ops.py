@@ -38,20 +38,23 @@ def random_block_table(seq_lens: list[int], block_size: int, num_blocks: int, wi
 
 
 def decode_reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: list[int],
-                     scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale) v per sequence in float64, K/V gathered through the block table."""
+                     scale: float, window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v per sequence in float64, K/V gathered through the block table;
+    with a window only the last `window` tokens, with a soft cap the scores s -> cap * tanh(s / cap)."""
     num_seqs, num_heads, d = q.shape
     block_size, kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     out = torch.zeros(num_seqs, num_heads, d, dtype=torch.float64)
     kv_cache, block_table, q = kv_cache.cpu(), block_table.long().cpu(), q.cpu().double()
     for i, n in enumerate(seq_lens):
-        pos = torch.arange(n)
+        pos = torch.arange(0 if window is None else max(0, n - window), n)
         blocks = block_table[i][pos // block_size]
         k = kv_cache[0][blocks, pos % block_size].double()  # [n, KH, D]
         v = kv_cache[1][blocks, pos % block_size].double()
         k = k.repeat_interleave(num_heads // kv_heads, dim=1)
         v = v.repeat_interleave(num_heads // kv_heads, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[i], k) * scale
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
     return out
 
@@ -111,6 +114,50 @@ def test_paged_attention_decode_matches_reference(dtype, head_size, num_heads, k
     ref = decode_reference(q, kv_cache, table, seq_lens, scale)
     tol = TOLERANCES[dtype] if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out.cpu().double(), ref, **{k: v * 2 for k, v in tol.items()})
+
+
+WINDOW_CASES = [
+    # (dtype, head_size, num_heads, kv_heads, seq_lens, partition_size, num_threads, window, soft_cap)
+    (torch.float16, 128, 12, 2, [1, 5, 40, 300, 1024, 2100], 256, 128, 100, None),  # window mid-tile
+    (torch.float16, 128, 12, 2, [1, 5, 40, 300, 1024, 2100], 256, 128, 96, None),  # window of whole tiles
+    (torch.float16, 256, 8, 4, [3, 600, 1500, 5000], 1024, 192, 4096, 50.0),  # Gemma 2: window and cap
+    (torch.float16, 256, 4, 1, [2, 511, 512, 513, 1300], 64, 128, 512, None),  # Gemma 3 1B: 4 heads, MQA
+    (torch.float16, 128, 32, 8, [1, 33, 700], 512, 128, 1, None),  # a window of one token
+    (torch.float16, 128, 32, 8, [30, 700, 1333], 512, 128, None, 1.5),  # a cap that changes the softmax
+    (torch.float16, 128, 32, 8, [70, 400, 1000], 48, 128, 90, 2.0),  # CUDA cores (half tiles)
+    (torch.float32, 128, 8, 2, [31, 700], 64, 128, 45, 1.0),  # CUDA cores, fp32
+    (torch.bfloat16, 128, 12, 2, [5, 300, 1024], 256, 96, 130, 2.0),
+]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("dtype,head_size,num_heads,kv_heads,seq_lens,partition_size,num_threads,window,soft_cap",
+                         WINDOW_CASES)
+@pytest.mark.parametrize("max_len_slack", [0, 700], ids=["exact-max", "graph-max"])
+@pytest.mark.parametrize("block_size", [16, 24])
+def test_sliding_window_and_soft_cap_match_reference(dtype, head_size, num_heads, kv_heads, seq_lens, partition_size,
+                                                     num_threads, window, soft_cap, max_len_slack, block_size):
+    if dtype == torch.bfloat16 and not (torch.cuda.get_device_capability() >= (8, 0) and ops.cuda_bf16_kernels_built()):
+        pytest.skip("bfloat16 needs a GPU of compute capability >= 8.0 and a build targeting it")
+    device = "cuda"
+    width = -(-(max(seq_lens) + max_len_slack) // block_size)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    kv_cache = random_cache(num_blocks, block_size, kv_heads, head_size, dtype, device, seed=3)
+    table = random_block_table(seq_lens, block_size, num_blocks, width, seed=3).to(device)
+    gen = torch.Generator().manual_seed(4)
+    # Large queries, so that the scores are large enough for a cap to matter.
+    q = (3 * torch.randn(len(seq_lens), num_heads, head_size, generator=gen)).to(dtype).to(device)
+    scale = 1.0 / math.sqrt(head_size)
+    out = torch.full_like(q, float("nan"))
+    ops.paged_attention_decode(out, q, kv_cache, table, torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                               scale, max(seq_lens) + max_len_slack, partition_size, num_threads,
+                               sliding_window=window, logits_soft_cap=soft_cap)
+    ref = decode_reference(q, kv_cache, table, seq_lens, scale, window, soft_cap)
+    tol = TOLERANCES[dtype] if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.cpu().double(), ref, **{k: v * 2 for k, v in tol.items()})
+    plain = decode_reference(q, kv_cache, table, seq_lens, scale)
+    assert (plain - ref).abs().max() > 0.05  # the window / cap mattered
 
 
 @pytest.mark.gpu
@@ -277,6 +324,8 @@ BAD_DECODE = [
     (dict(partition_size=100), "'partition_size' must be a multiple of 16"),
     (dict(num_threads=80), "'num_threads' must be a multiple of 32 in [64, 512]"),
     (dict(scale=0.0), "'scale' must be > 0"),
+    (dict(sliding_window=-1), "'sliding_window' must be >= 0 (0 = none)"),
+    (dict(logits_soft_cap=-2.0), "'logits_soft_cap' must be >= 0 (0 = none)"),
     (dict(out=torch.empty(2, 8, 64, dtype=torch.float16, device="meta")), "'out' must have the same shape"),
 ]
 

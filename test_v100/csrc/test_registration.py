@@ -25,7 +25,8 @@ CUDA_ONLY_OPS = {
     "reshape_and_cache": "reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()",
     "paged_attention_decode": (
         "paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, int max_seq_len, int partition_size=512, int num_threads=128) -> ()"
+        "float scale, int max_seq_len, int partition_size=512, int num_threads=128, int sliding_window=0, "
+        "float logits_soft_cap=0.0) -> ()"
     ),
     "rotary_embedding": (
         "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "

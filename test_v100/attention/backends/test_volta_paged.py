@@ -43,10 +43,10 @@ def test_validate_reasons():
                         ["bfloat16 kernels are not built (every arch in TORCH_CUDA_ARCH_LIST is below 8.0)"])
 
 
-def _layers(num_heads, num_kv_heads, head_size):
+def _layers(num_heads, num_kv_heads, head_size, **kw):
     scale = 1 / math.sqrt(head_size)
-    return (Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=VoltaPagedBackend),
-            Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=TorchSDPABackend))
+    return (Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=VoltaPagedBackend, **kw),
+            Attention(num_heads, head_size, scale, num_kv_heads, backend_cls=TorchSDPABackend, **kw))
 
 
 def _inputs(seqs, num_heads, num_kv_heads, head_size, dtype, seed=0, num_blocks=None):
@@ -234,6 +234,29 @@ def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size, pre
     expected = ref(q, k, v, ref_cache, md)
     assert torch.equal(cache, ref_cache), "reshape_and_cache must write exactly what the index write does"
     torch.testing.assert_close(out, expected, **TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("window,soft_cap", [(16, None), (7, None), (None, 3.0), (33, 2.0)])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(12, 2, 128), (8, 4, 256)])
+@pytest.mark.parametrize("prefill_kernel", ["chosen", "efficient"])
+def test_sliding_window_and_soft_cap_match_torch_sdpa(case, window, soft_cap, num_heads, num_kv_heads, head_size,
+                                                       prefill_kernel):
+    """Every kernel of the backend with a window and / or a cap, fp16, against TORCH_SDPA (checked
+    against a float64 reference in test_torch_sdpa.py); the window / cap changes the output."""
+    ours, ref = _layers(num_heads, num_kv_heads, head_size, sliding_window=window, logits_soft_cap=soft_cap)
+    if prefill_kernel == "efficient":
+        ours.impl.prefill_kernel = "efficient"
+    q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, head_size, torch.float16, seed=1)
+    q = q * 4  # scores large enough for the cap to matter
+    out = ours(q, k, v, cache.clone(), md)
+    expected = ref(q, k, v, cache.clone(), md)
+    torch.testing.assert_close(out, expected, **TOL[torch.float16])
+    if soft_cap is not None or max(c + n for c, n in CASES[case]) > window:
+        plain = _layers(num_heads, num_kv_heads, head_size)[1](q, k, v, cache.clone(), md)
+        assert (plain - expected).abs().max() > 0.05
 
 
 @pytest.mark.gpu

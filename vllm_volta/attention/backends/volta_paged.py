@@ -14,6 +14,10 @@
   whole contexts, gathered from the cache; the others as another, over the step's new
   keys/values as they are. Rows that lie back to back in the step (the usual layout: decodes
   first, then the prefills) are used as slices, not gathered and scattered.
+- Sliding windows run in every kernel (FlashAttention's ``window_size_left``, the
+  memory-efficient kernel's ``window_size``, the decode kernel's window start). Logit soft-capping
+  (Gemma 2) runs in the decode kernel; its prefill, which neither ATen kernel can do, runs per
+  sequence as matmuls with the cap in between (attention/explicit.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
+from vllm_volta.attention.explicit import soft_capped_prefill
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import info_once, init_logger
@@ -156,6 +161,8 @@ class _PrefillPart:
     max_q: int
     max_k: int
     context_slots: torch.Tensor | None  # [sum seq_len] cache slots of whole contexts (prefix hit)
+    q_lens: list[int]  # per sequence (host side, for the per-sequence soft-capped prefill)
+    k_lens: list[int]
 
 
 @dataclass
@@ -194,7 +201,7 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
         p_q = [q_lens[i] for i in seqs]
         p_k = [seq_lens[i] for i in seqs]
         cu_q = on_device(np.cumsum([0] + p_q), torch.int32)
-        part = _PrefillPart(token_rows(seqs), cu_q, cu_q, max(p_q), max(p_k), None)
+        part = _PrefillPart(token_rows(seqs), cu_q, cu_q, max(p_q), max(p_k), None, p_q, p_k)
         if p_k != p_q:
             part.cu_seqlens_k = on_device(np.cumsum([0] + p_k), torch.int32)
             seq_of = on_device(np.repeat(seqs, p_k))
@@ -219,8 +226,8 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
 class VoltaPagedImpl(AttentionImplBase):
     """Paged attention with the _C CUDA kernels (decode) and memory-efficient attention (prefill)."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        super().__init__(num_heads, head_size, scale, num_kv_heads)
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, **kwargs: Any) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads, **kwargs)
         self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
         self.prefill_kernel: str | None = None  # "flash" / "efficient", chosen at the first prefill
 
@@ -293,7 +300,8 @@ class VoltaPagedImpl(AttentionImplBase):
         from vllm_volta import _custom_ops as ops
 
         ops.paged_attention_decode(out, q, kv_cache, block_table, seq_lens, self.scale, max_seq_len,
-                                   **self._launch_config(q.shape[0], q.dtype, q.device))
+                                   **self._launch_config(q.shape[0], q.dtype, q.device),
+                                   sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
 
     def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  part: _PrefillPart) -> torch.Tensor:
@@ -306,18 +314,34 @@ class VoltaPagedImpl(AttentionImplBase):
             v = kv_cache[1].view(-1, kh, d)[part.context_slots]
         q = q[part.rows]
         k, v = k.to(q.dtype), v.to(q.dtype)
-        if self._prefill_kernel(q) == "flash":
+        window = self.sliding_window
+        if self._prefill_kernel(q) == "flash" and self.logits_soft_cap is None:
+            # A window of w keys: w - 1 to the left of the diagonal, none to the right.
             return torch.ops.aten._flash_attention_forward(
                 q, k, v, part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, True, False,
-                scale=self.scale)[0]
-        if self.num_queries_per_kv > 1:  # the kernel wants one kv head per query head
+                scale=self.scale, window_size_left=None if window is None else window - 1,
+                window_size_right=None if window is None else 0)[0]
+        if self.num_queries_per_kv > 1:  # the kernels below want one kv head per query head
             k = repeat_heads(k, self.num_queries_per_kv)
             v = repeat_heads(v, self.num_queries_per_kv)
+        if self.logits_soft_cap is not None:
+            return self._soft_capped_prefill(q, k, v, part)
         out = torch.ops.aten._efficient_attention_forward(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
             part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
-            False, scale=self.scale)[0]
+            False, scale=self.scale, window_size=window)[0]
         return out.squeeze(0)
+
+    def _soft_capped_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             part: _PrefillPart) -> torch.Tensor:
+        out = torch.empty_like(q)
+        q_start = k_start = 0
+        for q_len, k_len in zip(part.q_lens, part.k_lens):
+            out[q_start:q_start + q_len] = soft_capped_prefill(
+                q[q_start:q_start + q_len], k[k_start:k_start + k_len], v[k_start:k_start + k_len],
+                self.scale, self.logits_soft_cap, self.sliding_window)
+            q_start, k_start = q_start + q_len, k_start + k_len
+        return out
 
     def _prefill_kernel(self, q: torch.Tensor) -> str:
         if self.prefill_kernel is None:
@@ -327,4 +351,7 @@ class VoltaPagedImpl(AttentionImplBase):
             self.prefill_kernel, why = choose_prefill_kernel(capability, q.dtype)
             name = "FlashAttention" if self.prefill_kernel == "flash" else "memory-efficient attention"
             info_once(logger, "VOLTA_PAGED prefill: %s (%s)", name, why)
+            if self.logits_soft_cap is not None:
+                info_once(logger, "VOLTA_PAGED prefill of soft-capped layers: per-sequence matmuls "
+                          "(neither ATen attention kernel caps the scores)")
         return self.prefill_kernel
