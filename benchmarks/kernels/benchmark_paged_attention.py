@@ -77,8 +77,11 @@ def make_decode_inputs(args: argparse.Namespace, batch_size: int, device: torch.
 
 
 def bytes_per_call(args: argparse.Namespace, batch_size: int) -> int:
+    """Bytes a call must move: the keys / values it attends (the last --sliding-window tokens with
+    a window) and the queries / outputs."""
     elt = parse_dtype(args.dtype).itemsize
-    kv = 2 * batch_size * args.context_len * args.num_kv_heads * args.head_size * elt
+    tokens = min(args.context_len, getattr(args, "sliding_window", None) or args.context_len)
+    kv = 2 * batch_size * tokens * args.num_kv_heads * args.head_size * elt
     return kv + 2 * batch_size * args.num_heads * args.head_size * elt
 
 
@@ -89,7 +92,8 @@ def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[s
     def call() -> None:
         ops.paged_attention_decode(inputs["out"], inputs["query"], inputs["kv_cache"], inputs["block_table"],
                                    inputs["seq_lens"], 1.0 / math.sqrt(args.head_size), args.max_seq_len,
-                                   launch["partition_size"], launch["num_threads"])
+                                   launch["partition_size"], launch["num_threads"],
+                                   getattr(args, "sliding_window", None), getattr(args, "logits_soft_cap", None))
 
     return time_per_call_graphed(call, device, iters=args.iters)
 
@@ -118,6 +122,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_shape_args(p)
     p.add_argument("--partition-size", type=int, default=None)
     p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="attend to the last N tokens only (Mistral, Gemma 2 / 3 layers)")
+    p.add_argument("--logits-soft-cap", type=float, default=None, help="attention-logit soft cap (Gemma 2)")
     p.add_argument("--copy-bytes", type=int, default=1 << 30)
     p.add_argument("--output-json", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -141,7 +148,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batch_size": args.batch_size, "context_len": args.context_len, "max_seq_len": args.max_seq_len,
             "num_heads": args.num_heads,
             "num_kv_heads": args.num_kv_heads, "head_size": args.head_size, "block_size": args.block_size,
-            "dtype": args.dtype, "launch_config": launch, "launch_config_source": source,
+            "dtype": args.dtype, "sliding_window": args.sliding_window,
+            "logits_soft_cap": args.logits_soft_cap, "launch_config": launch, "launch_config_source": source,
             "seconds_per_call": seconds, "bytes_per_call": nbytes, "bandwidth_bytes_per_s": bw,
             "copy_bandwidth_bytes_per_s": copy_bw, "fraction_of_copy_bandwidth": bw / copy_bw,
             "target_met": bw / copy_bw >= TARGET_FRACTION}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 VOCAB_SIZE = 384
 
 
@@ -31,6 +31,15 @@ def tiny_config(arch: str, **overrides):
     elif arch == "gemma":  # as the real ones: GeGLU (tanh), tied embeddings
         cfg = transformers.GemmaConfig(head_dim=16, hidden_act="gelu_pytorch_tanh",
                                        **{**common, "tie_word_embeddings": True})
+    elif arch == "gemma2":  # a sliding window shorter than the tests' longer prompts
+        cfg = transformers.Gemma2Config(head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
+                                        **{**common, "tie_word_embeddings": True})
+    elif arch == "gemma3":  # a sliding layer (rope_theta 10k) and a full one (1M, linear scaling)
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+        cfg = transformers.Gemma3TextConfig(head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
+                                            layer_types=["sliding_attention", "full_attention"],
+                                            rope_parameters=rope, **{**common, "tie_word_embeddings": True})
     else:
         raise ValueError(arch)
     for key, value in overrides.items():

@@ -22,6 +22,18 @@ def test_logits_are_the_projection_in_model_dtype():
     torch.testing.assert_close(scaled, logits * 0.5)
 
 
+def test_soft_cap_in_float32():
+    head = ParallelLMHead(9, 8, params_dtype=torch.float16)
+    head.weight.weight_loader(head.weight, torch.randn(9, 8).half() * 4)
+    h = torch.randn(3, 8).half()
+    plain = LogitsProcessor(9)(head, h)
+    capped = LogitsProcessor(9, soft_cap=3.0)(head, h)
+    assert capped.dtype == torch.float16 and capped.abs().max() <= 3.0
+    torch.testing.assert_close(capped, (torch.tanh(plain.float() / 3.0) * 3.0).half())
+    with pytest.raises(ValueError, match="soft_cap"):
+        LogitsProcessor(9, soft_cap=0.0)
+
+
 def test_decode_rows_take_gemv_where_the_other_projections_do():
     from vllm_volta.model_executor.layers.decode_gemv import gemv_enabled
 

@@ -81,6 +81,16 @@ def test_config_styles_and_errors():
     assert rope_params_from_config(SimpleNamespace()) == (10000.0, None)
     v5_default = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 5.0})
     assert rope_params_from_config(v5_default) == (5.0, None)
+    assert rope_params_from_config(v5_default, "sliding_attention") == (5.0, None)
+    # Gemma 3: parameters per layer type (transformers 5), or a local base beside the global ones.
+    linear = {"rope_type": "linear", "factor": 8.0}
+    v5_typed = SimpleNamespace(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                                "full_attention": {**linear, "rope_theta": 1e6}})
+    assert rope_params_from_config(v5_typed, "sliding_attention") == (1e4, None)
+    assert rope_params_from_config(v5_typed, "full_attention") == (1e6, linear)
+    v4_local = SimpleNamespace(rope_theta=1e6, rope_scaling=linear, rope_local_base_freq=1e4)
+    assert rope_params_from_config(v4_local, "sliding_attention") == (1e4, None)
+    assert rope_params_from_config(v4_local, "full_attention") == (1e6, linear)
     assert get_rope(8, 8, 16, 1e4, True, {"type": "linear", "factor": 2.0}).cos_sin_cache.shape \
         == (32, 8)
     with pytest.raises(ValueError, match="not supported; supported: default, linear, llama3, yarn"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 import transformers
 
@@ -158,6 +159,22 @@ def check_single_prefill(model: torch.nn.Module, hf: transformers.PreTrainedMode
     torch.testing.assert_close(out, hf_logits(hf, tokens), atol=atol, rtol=1e-4)
 
 
+def check_needed(model: torch.nn.Module, hf: transformers.PreTrainedModel,
+                 settings: list[tuple[object, str, object]]) -> None:
+    """With each ``(obj, attr, value)`` applied (a feature switched off, e.g. an attention impl's
+    sliding_window set to None), ``model`` no longer matches ``hf`` (check_single_prefill): the
+    comparisons depend on the feature, so transformers' reference applies it too."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in settings]
+    try:
+        for obj, attr, value in settings:
+            setattr(obj, attr, value)
+        with pytest.raises(AssertionError):
+            check_single_prefill(model, hf)
+    finally:
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
+
+
 @torch.no_grad()
 def check_fp16_decode_fusions(hf: transformers.PreTrainedModel, folder: Path, monkeypatch) -> None:
     """`hf` saved to `folder` and loaded as ours, float16 on a GPU: decode steps of 2 and 1
@@ -205,3 +222,34 @@ def check_fp16_decode_fusions(hf: transformers.PreTrainedModel, folder: Path, mo
             fused, plain = results[0][step_no][s], results[1][step_no][s]
             torch.testing.assert_close(fused, ref[s][lo:hi], atol=3e-2, rtol=1e-2)
             torch.testing.assert_close(fused, plain, atol=1e-2, rtol=1e-2)
+
+
+def check_fp16_engine_logprobs(tmp_path: Path, arch: str, **overrides) -> None:
+    """The engine as users run it (fp16, the CUDA backend with heads of 256 as in Gemma, CUDA
+    graphs) on a tiny ``arch`` model (tiny_models.py, with ``overrides``): every prompt and
+    generated token's logprob is within fp16 noise of transformers' (fp32) on the same sequence,
+    so the check does not depend on which token a near-tie picks."""
+    from test_v100.worker.tiny_models import random_prompts, save_tiny_model
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    hf = save_tiny_model(tmp_path, arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=1, head_dim=256, **overrides)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float16", gpu_memory_utilization=0.3,
+              max_num_seqs=8)
+    runner = llm.llm_engine.executor.worker.model_runner
+    assert runner.attn_backend.name == "VOLTA_PAGED" and runner.graph_runner is not None
+    prompts = random_prompts(4, 5, 60, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    hf = hf.cuda()
+    for prompt, out in zip(prompts, outs):
+        gen = list(out.outputs[0].token_ids)
+        seq = prompt + gen
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([seq], device="cuda")).logits[0].float(), -1)
+        want = [ref[i - 1, seq[i]].item() for i in range(1, len(seq))]
+        got = [out.prompt_logprobs[i][seq[i]].logprob for i in range(1, len(prompt))]
+        got += [step[tok].logprob for step, tok in zip(out.outputs[0].logprobs, gen)]
+        assert len(got) == len(want)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 0.1

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
 
-from .hf_compare import (TINY, check_fp16_decode_fusions, check_mixed_batch, check_single_prefill, load_ours,
-                         save_random_hf_model)
+from vllm_volta.model_executor.models.utils import layer_sliding_window
+
+from .hf_compare import (TINY, check_fp16_decode_fusions, check_mixed_batch, check_needed, check_single_prefill,
+                         load_ours, save_random_hf_model)
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
@@ -21,10 +25,12 @@ def _configs() -> dict[str, transformers.PretrainedConfig]:
         "tied": transformers.LlamaConfig(**{**TINY, "num_key_value_heads": 4}, head_dim=16,
                                          tie_word_embeddings=True),
         "mistral": transformers.MistralConfig(**TINY, sliding_window=4096),
+        # A window shorter than the prompts (9-21 tokens), in every layer as in Mistral v0.1.
+        "mistral_window": transformers.MistralConfig(**TINY, sliding_window=5),
     }
 
 
-@pytest.fixture(scope="module", params=["llama3", "tied", "mistral"])
+@pytest.fixture(scope="module", params=["llama3", "tied", "mistral", "mistral_window"])
 def models(request, tmp_path_factory):
     name = request.param
     folder = tmp_path_factory.mktemp(name)
@@ -41,6 +47,26 @@ def test_model_class(models):
     assert type(ours).__name__ == expected[hf.config.architectures[0]]
     if hf.config.tie_word_embeddings:
         assert ours.lm_head.weight is ours.model.embed_tokens.weight
+
+
+def test_sliding_window(models):
+    hf, ours = models
+    windows = [layer.self_attn.attn.impl.sliding_window for layer in ours.model.layers]
+    assert windows == [getattr(hf.config, "sliding_window", None)] * len(windows)
+    if hf.config.architectures == ["MistralForCausalLM"] and hf.config.sliding_window == 5:
+        # Attending over all positions changes the logits: transformers applies the window too.
+        check_needed(ours, hf, [(layer.self_attn.attn.impl, "sliding_window", None)
+                                for layer in ours.model.layers])
+
+
+def test_layer_sliding_window():
+    v01 = SimpleNamespace(sliding_window=4096)  # Mistral v0.1: every layer
+    assert [layer_sliding_window(v01, i) for i in range(2)] == [4096, 4096]
+    assert layer_sliding_window(SimpleNamespace(sliding_window=None), 0) is None
+    old_qwen2 = SimpleNamespace(sliding_window=32768, use_sliding_window=False)
+    assert layer_sliding_window(old_qwen2, 0) is None
+    typed = SimpleNamespace(sliding_window=512, layer_types=["sliding_attention", "full_attention"])
+    assert [layer_sliding_window(typed, i) for i in range(2)] == [512, None]
 
 
 def test_single_prefill_matches_transformers(models):

@@ -6,8 +6,9 @@ from vllm_volta.model_executor.models.registry import get_model_cls, get_support
 
 
 def test_known_architectures():
-    assert get_supported_archs() == ["GemmaForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                                     "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+    assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "GemmaForCausalLM",
+                                     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                     "Qwen3ForCausalLM"]
     for arch in get_supported_archs():
         assert get_model_cls([arch]).__name__ == arch
     # The first supported name wins; a plain string works too.
@@ -17,6 +18,7 @@ def test_known_architectures():
 
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
 def test_unknown_architecture_lists_supported(archs):
-    with pytest.raises(ValueError, match="supported architectures: GemmaForCausalLM, LlamaForCausalLM, "
-                                         "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(ValueError, match="supported architectures: Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                                         "GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+                                         "Qwen2ForCausalLM, Qwen3ForCausalLM"):
         get_model_cls(archs)

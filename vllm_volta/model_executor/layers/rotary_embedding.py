@@ -224,9 +224,19 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
                      f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
 
 
-def rope_params_from_config(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling dict or None) from an HF config, transformers 4.x or 5.x style."""
+def rope_params_from_config(hf_config: Any, layer_type: str | None = None
+                            ) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict or None) from an HF config, transformers 4.x or 5.x style.
+
+    ``layer_type`` (an entry of ``config.layer_types``): the parameters of that kind of layer
+    where kinds differ (Gemma 3: ``rope_parameters`` keyed by layer type in transformers 5;
+    before, ``rope_local_base_freq`` for "sliding_attention" layers, unscaled); elsewhere the
+    config's one setting."""
     params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    elif layer_type == "sliding_attention" and getattr(hf_config, "rope_local_base_freq", None):
+        return float(hf_config.rope_local_base_freq), None
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         theta = float(params["rope_theta"])
     else:

@@ -16,17 +16,17 @@ import torch
 
 from vllm_volta.model_executor.models.llama import LlamaForCausalLM
 
-_NORM_SUFFIXES = ("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight")
-
 
 def _offset_norms(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gemma's norm weights w -> 1 + w (in fp32: the checkpoint stores the offset alone)."""
+    """Gemma's norm weights w -> 1 + w (in fp32: the checkpoint stores the offset alone). Every
+    norm of Gemma 1-3 is named "...norm.weight" (input_layernorm, Gemma 2's
+    pre_feedforward_layernorm, Gemma 3's q_norm, ...) and no other weight is."""
     for name, tensor in weights:
-        yield name, (tensor.float() + 1.0) if name.endswith(_NORM_SUFFIXES) else tensor
+        yield name, (tensor.float() + 1.0) if name.endswith("norm.weight") else tensor
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
-    """GemmaForCausalLM; HF weight names are Llama's."""
+    """GemmaForCausalLM; HF weight names are Llama's. The base of Gemma 2 and 3 (gemma2.py)."""
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
                  ) -> None:

@@ -1,7 +1,8 @@
 """Llama family (Llama 2/3/3.x, SmolLM2, Mistral) on the paged-attention layer vocabulary.
 
 The decoder here is also the base of Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm): a
-subclass only says which of those options its config means (``attention_options``).
+subclass only says which of those options its config means (``attention_options``). Gemma 2 / 3
+bring their own decoder layer (``decoder_layer_cls``) around the same attention and MLP.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from torch import nn
 
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
-from vllm_volta.logger import init_logger, warning_once
 from vllm_volta.model_executor.layers.activation import SiluAndMul, get_act_and_mul_fn
 from vllm_volta.model_executor.layers.decode_gemv import rope_cache_linear, silu_and_mul_linear
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
@@ -25,9 +25,8 @@ from vllm_volta.model_executor.layers.logits import LogitsProcessor
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                        VocabParallelEmbedding)
-from vllm_volta.model_executor.models.utils import config_head_dim, default_dtype, load_hf_weights
-
-logger = init_logger(__name__)
+from vllm_volta.model_executor.models.utils import (config_head_dim, default_dtype, layer_sliding_window,
+                                                    load_hf_weights)
 
 
 class LlamaMLP(nn.Module):
@@ -54,10 +53,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Fused qkv projection, optional per-head q/k norm, RoPE, paged attention, o_proj."""
+    """Fused qkv projection, optional per-head q/k norm, RoPE, paged attention, o_proj.
 
-    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module, *,
-                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    The layer's sliding window comes from the config (layer_sliding_window); ``scale`` defaults
+    to head_dim ** -0.5; ``logits_soft_cap``: Gemma 2's attention-logit soft-capping."""
+
+    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module, layer_idx: int,
+                 *, qkv_bias: bool, o_bias: bool, qk_norm: bool, scale: float | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         super().__init__()
         self.head_dim = config_head_dim(config)
         total_heads = config.num_attention_heads
@@ -66,13 +69,16 @@ class LlamaAttention(nn.Module):
                                           total_kv_heads, bias=qkv_bias)
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, o_bias)
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        self.rotary_emb = rotary_emb  # one table shared by all layers
+        self.rotary_emb = rotary_emb  # shared by the layers with the same RoPE parameters
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
-        self.attn = Attention(self.qkv_proj.num_heads, self.head_dim, self.head_dim ** -0.5,
-                              self.qkv_proj.num_kv_heads, attn_backend)
+        self.attn = Attention(self.qkv_proj.num_heads, self.head_dim,
+                              self.head_dim ** -0.5 if scale is None else scale,
+                              self.qkv_proj.num_kv_heads, attn_backend,
+                              sliding_window=layer_sliding_window(config, layer_idx),
+                              logits_soft_cap=logits_soft_cap)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -108,10 +114,10 @@ class LlamaDecoderLayer(nn.Module):
     the sum.
     """
 
-    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module,
-                 attention_options: dict[str, bool]) -> None:
+    def __init__(self, config: Any, attn_backend: type | None, rotary_emb: nn.Module, layer_idx: int,
+                 attention_options: dict[str, Any]) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, attn_backend, rotary_emb, **attention_options)
+        self.self_attn = LlamaAttention(config, attn_backend, rotary_emb, layer_idx, **attention_options)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size,
                             getattr(config, "hidden_act", "silu"),
                             bias=bool(getattr(config, "mlp_bias", False)))
@@ -139,20 +145,33 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.down_proj(mlp_act), residual
 
 
-class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm."""
+def layer_rotary_embs(config: Any) -> list[nn.Module]:
+    """Each layer's RoPE table; layers whose parameters are equal share one (all of them but in
+    Gemma 3, whose sliding and full layers differ: ``layer_types`` with rope_params_from_config)."""
+    head_dim = config_head_dim(config)
+    layer_types = getattr(config, "layer_types", None) or [None] * config.num_hidden_layers
+    tables: dict[str, nn.Module] = {}
+    embs = []
+    for layer_idx in range(config.num_hidden_layers):
+        theta, scaling = rope_params_from_config(config, layer_types[layer_idx])
+        key = repr((theta, scaling))
+        if key not in tables:
+            tables[key] = get_rope(head_dim, head_dim, config.max_position_embeddings, theta,
+                                   is_neox_style=True, rope_scaling=scaling)
+        embs.append(tables[key])
+    return embs
 
-    def __init__(self, config: Any, attn_backend: type | None,
-                 attention_options: dict[str, bool]) -> None:
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers (``layer_cls``), final norm."""
+
+    def __init__(self, config: Any, attn_backend: type | None, attention_options: dict[str, Any],
+                 layer_cls: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        head_dim = config_head_dim(config)
-        theta, scaling = rope_params_from_config(config)
-        rotary_emb = get_rope(head_dim, head_dim, config.max_position_embeddings, theta,
-                              is_neox_style=True, rope_scaling=scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attn_backend, rotary_emb, attention_options)
-            for _ in range(config.num_hidden_layers))
+            layer_cls(config, attn_backend, rotary_emb, layer_idx, attention_options)
+            for layer_idx, rotary_emb in enumerate(layer_rotary_embs(config)))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.embed_scale: float | None = None  # the embeddings' multiplier (Gemma: sqrt(hidden))
 
@@ -183,9 +202,12 @@ class LlamaForCausalLM(nn.Module):
     """Causal LM: ``forward`` -> final hidden states, ``compute_logits`` -> logits (model dtype).
     The engine defers the final norm to ``compute_logits`` (see there)."""
 
+    decoder_layer_cls: type[nn.Module] = LlamaDecoderLayer
+
     @classmethod
-    def attention_options(cls, config: Any) -> dict[str, bool]:
-        """Which projection biases / norms this architecture's config implies."""
+    def attention_options(cls, config: Any) -> dict[str, Any]:
+        """LlamaAttention's options that this architecture's config implies (projection biases,
+        q/k norm; Gemma 2: scale, attention soft cap)."""
         bias = bool(getattr(config, "attention_bias", False))
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False}
 
@@ -196,13 +218,15 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         with default_dtype(dtype):
-            self.model = LlamaModel(hf_config, attn_backend, self.attention_options(hf_config))
+            self.model = LlamaModel(hf_config, attn_backend, self.attention_options(hf_config),
+                                    self.decoder_layer_cls)
             # A tied head's own weight is never used: build it on "meta" (no memory), then tie.
             with torch.device("meta") if self.tie_word_embeddings else contextlib.nullcontext():
                 self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(hf_config.vocab_size)
+        self.logits_processor = LogitsProcessor(
+            hf_config.vocab_size, soft_cap=getattr(hf_config, "final_logit_softcapping", None))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
@@ -223,12 +247,5 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: the Llama architecture. Sliding-window attention is not applied."""
-
-    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
-                 ) -> None:
-        window = getattr(hf_config, "sliding_window", None)
-        if window and window < hf_config.max_position_embeddings:
-            warning_once(logger, "sliding_window=%d is not applied: contexts longer than it "
-                         "attend over all positions", window)
-        super().__init__(hf_config, dtype=dtype, attn_backend=attn_backend)
+    """Mistral: the Llama architecture, with sliding-window attention where the config sets a
+    window (v0.1: 4096)."""

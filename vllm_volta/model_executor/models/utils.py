@@ -1,4 +1,4 @@
-"""Helpers shared by the model classes: dtype scoping and HF-name weight loading."""
+"""Helpers shared by the model classes: dtype scoping, HF-name weight loading, config reading."""
 
 from __future__ import annotations
 
@@ -94,3 +94,18 @@ def config_head_dim(hf_config: Any) -> int:
     """Per-head size: ``head_dim`` when the config gives it, else hidden_size / num_heads."""
     head_dim = getattr(hf_config, "head_dim", None)
     return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def layer_sliding_window(hf_config: Any, layer_idx: int) -> int | None:
+    """The sliding window of layer ``layer_idx``'s attention, None for full attention.
+
+    With ``layer_types`` (transformers 5 fills it) only "sliding_attention" layers have one;
+    without, every layer has the config's window unless ``use_sliding_window`` is False (older
+    Qwen2 configs; Mistral v0.1 has a window of 4096 and no such flag)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types:
+        return int(window) if layer_types[layer_idx] == "sliding_attention" else None
+    return None if getattr(hf_config, "use_sliding_window", None) is False else int(window)

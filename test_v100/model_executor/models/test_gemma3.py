@@ -1,0 +1,69 @@
+"""Gemma 3 text (Gemma 2 with per-head q/k norms and a RoPE table per layer type) vs transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from vllm_volta.model_executor.layers.rotary_embedding import LinearScalingRotaryEmbedding
+
+from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_needed, check_single_prefill,
+                         load_ours, save_random_hf_model)
+
+ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3")
+    # Sliding layers (window 4: the prompts are 9-21 long) on both sides of a full one.
+    config = transformers.Gemma3TextConfig(
+        **{**TINY, "num_hidden_layers": 3}, head_dim=32, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_parameters=ROPE)
+    hf = save_random_hf_model(config, folder)
+    return hf, load_ours(folder)
+
+
+def test_loaded_as_gemma3(models):
+    hf, ours = models
+    assert type(ours).__name__ == "Gemma3ForCausalLM"
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    attn, hf_attn = ours.model.layers[1].self_attn, hf.model.layers[1].self_attn
+    torch.testing.assert_close(attn.q_norm.weight, hf_attn.q_norm.weight + 1)
+    torch.testing.assert_close(attn.k_norm.weight, hf_attn.k_norm.weight + 1)
+    layers = [layer.self_attn for layer in ours.model.layers]
+    settings = [(a.attn.impl.sliding_window, a.attn.impl.logits_soft_cap) for a in layers]
+    assert settings == [(4, None), (None, None), (4, None)]
+    assert ours.logits_processor.soft_cap is None
+    # One table per layer type, shared by the layers of that type.
+    sliding, full = layers[0].rotary_emb, layers[1].rotary_emb
+    assert layers[2].rotary_emb is sliding and type(sliding).__name__ == "RotaryEmbedding"
+    assert sliding.base == 10000.0
+    assert isinstance(full, LinearScalingRotaryEmbedding) and (full.base, full.factor) == (1e6, 8.0)
+
+
+def test_single_prefill_matches_transformers(models):
+    check_single_prefill(models[1], models[0])
+
+
+def test_mixed_batch_matches_transformers(models):
+    check_mixed_batch(models[1], models[0])
+
+
+@pytest.mark.parametrize("feature", ["sliding_window", "full_layer_rope"])
+def test_each_feature_changes_the_logits(models, feature):
+    hf, ours = models
+    layers = [layer.self_attn for layer in ours.model.layers]
+    settings = {"sliding_window": [(a.attn.impl, "sliding_window", None) for a in layers],
+                "full_layer_rope": [(layers[1], "rotary_emb", layers[0].rotary_emb)]}
+    check_needed(ours, hf, settings[feature])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_engine_logprobs_match_transformers(tmp_path):
+    """As Gemma's test: a sliding layer (window 16, shorter than most prompts) and a full one, each
+    with its own RoPE table, and the per-head q/k norms."""
+    check_fp16_engine_logprobs(tmp_path, "gemma3", query_pre_attn_scalar=256)
