@@ -116,7 +116,7 @@ class PiecewiseGraphRunner:
         self.key = torch.zeros(n, kv_width, dtype=dtype, device=device)
         self.value = torch.zeros(n, kv_width, dtype=dtype, device=device)
         self.attn_out = torch.zeros(n, q_width, dtype=dtype, device=device)
-        self.hidden = torch.zeros(n, runner.model_config.hf_config.hidden_size, dtype=dtype, device=device)
+        self.hidden = torch.zeros(n, runner.model_config.text_config.hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, list[Any]] = {}
         self.calls: list[_Call] = []
         self.num_replays = 0  # observable: tests check the pieces are really used

@@ -67,3 +67,37 @@ def test_fp16_engine_logprobs_match_transformers(tmp_path):
     """As Gemma's test: a sliding layer (window 16, shorter than most prompts) and a full one, each
     with its own RoPE table, and the per-head q/k norms."""
     check_fp16_engine_logprobs(tmp_path, "gemma3", query_pre_attn_scalar=256)
+
+
+def test_image_text_checkpoint_serves_its_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint (as the 4B-27B ship): its text_config's model,
+    the language-model weights only, logits equal to transformers' on text-only input."""
+    text = transformers.Gemma3TextConfig(
+        **{**TINY, "num_hidden_layers": 2}, head_dim=32, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=ROPE)
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                       mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2 if "norm" in name else 0.15)
+    hf.save_pretrained(tmp_path)
+    ours = load_ours(tmp_path)
+    assert type(ours).__name__ == "Gemma3ForConditionalGeneration"
+    assert not any("vision" in name for name, _ in ours.named_parameters())
+    check_single_prefill(ours, hf)
+
+
+def test_image_text_weight_names_of_both_layouts():
+    from vllm_volta.model_executor.models.gemma3 import _language_model_weights
+
+    t = torch.zeros(1)
+    names = ["language_model.model.layers.0.mlp.down_proj.weight", "language_model.lm_head.weight",
+             "vision_tower.vision_model.embeddings.patch_embedding.weight", "multi_modal_projector.mm_soft_emb_norm.weight",
+             "model.language_model.norm.weight", "model.vision_tower.vision_model.post_layernorm.weight",
+             "model.multi_modal_projector.mm_input_projection_weight", "lm_head.weight"]
+    assert [n for n, _ in _language_model_weights((n, t) for n in names)] == [
+        "model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.norm.weight", "lm_head.weight"]

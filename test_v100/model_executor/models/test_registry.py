@@ -6,7 +6,8 @@ from vllm_volta.model_executor.models.registry import get_model_cls, get_support
 
 
 def test_known_architectures():
-    assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "GemmaForCausalLM",
+    assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                     "GemmaForCausalLM",
                                      "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                      "Qwen3ForCausalLM"]
     for arch in get_supported_archs():
@@ -19,6 +20,6 @@ def test_known_architectures():
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
 def test_unknown_architecture_lists_supported(archs):
     with pytest.raises(ValueError, match="supported architectures: Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                                         "GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+                                         "Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
                                          "Qwen2ForCausalLM, Qwen3ForCausalLM"):
         get_model_cls(archs)

@@ -62,8 +62,7 @@ class APIKeyMiddleware:
 
 def _model_limits(engine: AsyncLLM) -> dict[str, int]:
     cfg = engine.model_config
-    get_vocab = getattr(cfg, "get_vocab_size", None)
-    vocab = get_vocab() if get_vocab else cfg.hf_config.vocab_size
+    vocab = cfg.get_vocab_size()
     return {"max_model_len": int(cfg.max_model_len), "vocab_size": int(vocab),
             "max_logprobs": int(getattr(cfg, "max_logprobs", MAX_LOGPROBS))}
 

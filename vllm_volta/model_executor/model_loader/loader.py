@@ -61,7 +61,7 @@ def get_model(model_config: Any, device: torch.device | str,
     if attn_backend is None:
         from vllm_volta.platforms import current_platform
         attn_backend = current_platform.get_attn_backend(dtype=dtype,
-                                                         head_size=config_head_dim(hf_config))
+                                                         head_size=config_head_dim(getattr(hf_config, "text_config", None) or hf_config))
     model_path = model_config.model_path or model_config.model
     load_format = resolve_load_format(model_config.load_format, model_path)
 

@@ -1,5 +1,6 @@
-"""Gemma 3, text only (``Gemma3ForCausalLM``, model_type gemma3_text: Gemma 3 1B and text-only
-checkpoints): Gemma 2 (gemma2.py) with
+"""Gemma 3, text in and out: ``Gemma3ForCausalLM`` (model_type gemma3_text: Gemma 3 1B and
+text-only checkpoints), and the language model of the image-text checkpoints (4B, 12B, 27B:
+``Gemma3ForConditionalGeneration``, without their vision tower). Gemma 2 (gemma2.py) with
 
 - an RMSNorm (1 + weight) over each query / key head before RoPE, as Qwen3's;
 - two RoPE tables: the sliding layers' (rope_theta 10k) and the full layers' (1M, linear scaling
@@ -10,9 +11,20 @@ checkpoints): Gemma 2 (gemma2.py) with
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
+
+from vllm_volta.logger import init_logger, warning_once
 from vllm_volta.model_executor.models.gemma2 import Gemma2ForCausalLM
+
+logger = init_logger(__name__)
+
+# Where an image-text checkpoint keeps its language model: "language_model.model." (the hub's
+# checkpoints, saved before transformers 5) or "model.language_model." (transformers 5).
+_LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
@@ -23,3 +35,30 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:
         return {**super().attention_options(config), "qk_norm": True}
+
+
+def _language_model_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """An image-text checkpoint's language-model tensors under Gemma3ForCausalLM's names; the
+    vision tower and projector are left out."""
+    for name, tensor in weights:
+        if name.startswith(_SKIPPED_PREFIXES):
+            continue
+        for prefix in _LANGUAGE_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                name = "model." + name[len(prefix):]
+                break
+        yield name.removeprefix("language_model."), tensor  # language_model.lm_head.weight
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """The language model of a Gemma 3 image-text checkpoint (its ``text_config``); prompts are
+    text only: the vision tower is not loaded."""
+
+    def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
+                 ) -> None:
+        warning_once(logger, "Gemma3ForConditionalGeneration: serving its language model; image inputs "
+                     "are not supported (the vision tower is not loaded)")
+        super().__init__(hf_config.text_config, dtype=dtype, attn_backend=attn_backend)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(_language_model_weights(weights))
