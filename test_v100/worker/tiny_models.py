@@ -75,7 +75,7 @@ def save_tiny_model(path: Path, arch: str = "llama", *, seed: int = 0, with_toke
     import transformers
     torch.manual_seed(seed)
     cfg = tiny_config(arch, **overrides)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()  # as hf_compare
     model.save_pretrained(path)
     if with_tokenizer:
         build_tokenizer().save_pretrained(path)

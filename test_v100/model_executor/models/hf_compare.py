@@ -32,7 +32,9 @@ def save_random_hf_model(config: transformers.PretrainedConfig, folder: Path, se
     """Create the HF model with random weights large enough to matter (norm weights around 1,
     biases non-zero), save it as safetensors to ``folder`` and return it (fp32, eval)."""
     torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    # Eager attention: the reference that applies soft caps and sliding windows in every
+    # transformers version (before 5.24, Gemma 2's sdpa path skipped the soft cap).
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if "norm" in name:
