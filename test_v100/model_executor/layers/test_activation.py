@@ -16,16 +16,27 @@ def test_silu_and_mul(dtype, tol):
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
-def test_gelu_and_mul(approximate):
-    """Against the GELU written out: 0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation."""
-    x = torch.randn(5, 2 * 24, dtype=torch.float64)
-    gate, up = x[:, :24], x[:, 24:]
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_gelu_and_mul(approximate, dtype, tol, device):
+    """The fused op against the GELU written out in float64: 0.5 x (1 + erf(x / sqrt 2)), or its
+    tanh approximation."""
+    x = (2 * torch.randn(5, 2 * 24)).to(dtype)
+    gate, up = x[:, :24].double(), x[:, 24:].double()
     if approximate == "tanh":
         gelu = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate ** 3)))
     else:
         gelu = 0.5 * gate * (1 + torch.erf(gate / 2 ** 0.5))
-    torch.testing.assert_close(GeluAndMul(approximate)(x), gelu * up)
+    out = GeluAndMul(approximate)(x.to(device))
+    assert out.shape == (5, 24) and out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), gelu * up, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        GeluAndMul("sigmoid")
 
 
 def test_get_act_and_mul_fn():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm_volta import _custom_ops as ops
@@ -21,16 +20,20 @@ class SiluAndMul(nn.Module):
 
 class GeluAndMul(nn.Module):
     """x = [gate | up] (last dim 2d) -> gelu(gate) * up (last dim d), with the erf GELU or its tanh
-    approximation (``approximate="tanh"``), as ATen computes them (GeGLU: Gemma's MLP). Two
-    ATen kernels, not one fused op."""
+    approximation (``approximate="tanh"``), in one op (GeGLU: Gemma's MLP)."""
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
+        self._op = ops.gelu_tanh_and_mul if approximate == "tanh" else ops.gelu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
-        return F.gelu(x[..., :d], approximate=self.approximate).mul_(x[..., d:])
+        out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+        self._op(out, x.contiguous())
+        return out
 
 
 # HF ``hidden_act`` names of the gated activations, and how to build each.
