@@ -226,8 +226,10 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _MixedPlan:
 class VoltaPagedImpl(AttentionImplBase):
     """Paged attention with the _C CUDA kernels (decode) and memory-efficient attention (prefill)."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, **kwargs: Any) -> None:
-        super().__init__(num_heads, head_size, scale, num_kv_heads, **kwargs)
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, *,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads, sliding_window=sliding_window,
+                         logits_soft_cap=logits_soft_cap)
         self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
         self.prefill_kernel: str | None = None  # "flash" / "efficient", chosen at the first prefill
 

@@ -20,6 +20,7 @@ from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.models.gemma import GemmaForCausalLM
 from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaMLP
+from vllm_volta.model_executor.models.utils import config_head_dim
 
 
 class Gemma2DecoderLayer(nn.Module):
@@ -64,8 +65,9 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:
-        return {**super().attention_options(config), "scale": config.query_pre_attn_scalar ** -0.5,
-                "logits_soft_cap": config.attn_logit_softcapping}
+        scalar = getattr(config, "query_pre_attn_scalar", None) or config_head_dim(config)
+        return {**super().attention_options(config), "scale": scalar ** -0.5,
+                "logits_soft_cap": getattr(config, "attn_logit_softcapping", None)}
 
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None
                  ) -> None:
