@@ -3,6 +3,11 @@
 Each parameter carries a ``weight_loader(param, loaded_weight[, shard_id])`` that cuts this rank's
 shard out of the full checkpoint tensor, so models load HF names the same way at any tensor
 parallel size. ``forward`` returns the output tensor (vLLM also returns an unused bias slot).
+
+A layer built under ``quantization(config)`` (layers/quantization) holds that method's tensors
+(AWQ: qweight, qzeros, scales) instead of ``weight``; each parameter says which of its dims is the
+output (``output_dim``, packed ``pack`` values per element) and which the input (``input_dim``),
+so the same loaders shard dense and packed tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from vllm_volta.model_executor.layers.decode_gemv import add_linear_, gemv_enabl
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+from vllm_volta.model_executor.layers.quantization import current_quant_config
+from vllm_volta.model_executor.layers.quantization.awq import AWQLinearMethod
 
 if TYPE_CHECKING:
     from vllm_volta.model_executor.layers.layernorm import RMSNorm
@@ -50,6 +57,11 @@ def _new_param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
                         requires_grad=False)
 
 
+def _output_axis(param: nn.Parameter) -> tuple[int, int]:
+    """(the dim of ``param`` along output features, output features per element along it)."""
+    return getattr(param, "output_dim", 0), getattr(param, "pack", 1)
+
+
 class LinearBase(nn.Module):
     """y = x W^T + b with W of shape [output_size, input_size] (this rank's part)."""
 
@@ -60,25 +72,38 @@ class LinearBase(nn.Module):
         self.output_size = output_size
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.weight = _new_param(output_size, input_size, dtype=params_dtype)
-        self.weight.weight_loader = self.weight_loader
+        quant_config = current_quant_config()
+        self.quant_method = None if quant_config is None else AWQLinearMethod(quant_config)
+        if self.quant_method is None:
+            self.weight = _new_param(output_size, input_size, dtype=params_dtype)
+            self.weight.weight_loader = self.weight_loader
+        else:
+            self.quant_method.create_weights(self, input_size, output_size, params_dtype)
         if bias:
             self.bias = _new_param(output_size, dtype=params_dtype)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        self.use_gemv = gemv_enabled()  # decode-sized float16 inputs on CUDA (decode_gemv.py)
+        # decode-sized float16 inputs on CUDA (decode_gemv.py); quantized layers have their own
+        self.use_gemv = gemv_enabled() and self.quant_method is None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         default_weight_loader(param, loaded_weight)
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None, norm: RMSNorm | None = None) -> torch.Tensor:
+        """x W^T + bias; with `norm`, of norm(x) (fused into gemv at decode sizes)."""
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x if norm is None else norm(x), bias)
+        return linear(x, self.weight, bias, self.use_gemv, norm)
+
     def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
-        """x W^T + b; with `norm`, of norm(x) (fused into gemv at decode sizes)."""
-        return linear(x, self.weight, self.bias, self.use_gemv, norm)
+        """x W^T + b; with `norm`, of norm(x)."""
+        return self.matmul(x, self.bias, norm)
 
     def extra_repr(self) -> str:
+        quant = "" if self.quant_method is None else f", {self.quant_method.config.describe()}"
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
-                f"tp_size={self.tp_size}")
+                f"tp_size={self.tp_size}{quant}")
 
 
 class ReplicatedLinear(LinearBase):
@@ -101,8 +126,9 @@ class ColumnParallelLinear(LinearBase):
         self.gather_output = gather_output
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        size = param.shape[0]
-        copy_weight(param.data, take_shard(loaded_weight, 0, self.tp_rank, size,
+        dim, _ = _output_axis(param)
+        size = param.shape[dim]
+        copy_weight(param.data, take_shard(loaded_weight, dim, self.tp_rank, size,
                                            size * self.tp_size))
 
     def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
@@ -121,20 +147,21 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
                       loaded_shard_id: int | None = None) -> None:
+        dim, pack = _output_axis(param)
         if loaded_shard_id is None:  # an already-fused checkpoint tensor: split it first
             offset = 0
             for shard_id, size in enumerate(self.output_sizes):
-                self.weight_loader(param, loaded_weight.narrow(0, offset, size), shard_id)
+                self.weight_loader(param, loaded_weight.narrow(dim, offset // pack, size // pack), shard_id)
                 offset += size
             return
         if not 0 <= loaded_shard_id < len(self.output_sizes):
             raise ValueError(f"loaded_shard_id must be in [0, {len(self.output_sizes) - 1}], "
                              f"got {loaded_shard_id}")
-        size = self.output_sizes[loaded_shard_id] // self.tp_size
-        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
-        copy_weight(param.data.narrow(0, offset, size),
-                    take_shard(loaded_weight, 0, self.tp_rank, size,
-                               self.output_sizes[loaded_shard_id]))
+        size = self.output_sizes[loaded_shard_id] // self.tp_size // pack
+        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size // pack
+        copy_weight(param.data.narrow(dim, offset, size),
+                    take_shard(loaded_weight, dim, self.tp_rank, size,
+                               self.output_sizes[loaded_shard_id] // pack))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -166,13 +193,14 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
                       loaded_shard_id: str | None = None) -> None:
+        dim, pack = _output_axis(param)
         if loaded_shard_id is None:  # fused qkv checkpoint tensor
             sizes = {"q": self.total_num_heads * self.head_size,
                      "k": self.total_num_kv_heads * self.head_size,
                      "v": self.total_num_kv_heads * self.head_size}
             offset = 0
             for shard_id, size in sizes.items():
-                self.weight_loader(param, loaded_weight.narrow(0, offset, size), shard_id)
+                self.weight_loader(param, loaded_weight.narrow(dim, offset // pack, size // pack), shard_id)
                 offset += size
             return
         if loaded_shard_id == "q":
@@ -184,8 +212,8 @@ class QKVParallelLinear(ColumnParallelLinear):
             total = self.total_num_kv_heads * self.head_size
         else:
             raise ValueError(f"loaded_shard_id must be 'q', 'k' or 'v', got {loaded_shard_id!r}")
-        copy_weight(param.data.narrow(0, offset, size),
-                    take_shard(loaded_weight, 0, shard_rank, size, total))
+        copy_weight(param.data.narrow(dim, offset // pack, size // pack),
+                    take_shard(loaded_weight, dim, shard_rank, size // pack, total // pack))
 
 
 class RowParallelLinear(LinearBase):
@@ -203,14 +231,15 @@ class RowParallelLinear(LinearBase):
             self.bias.weight_loader = default_weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        size = param.shape[1]
-        copy_weight(param.data, take_shard(loaded_weight, 1, self.tp_rank, size,
+        dim = getattr(param, "input_dim", 1)
+        size = param.shape[dim]
+        copy_weight(param.data, take_shard(loaded_weight, dim, self.tp_rank, size,
                                            size * self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias, self.use_gemv)
-        out = linear(x, self.weight, None, self.use_gemv)
+            return self.matmul(x, self.bias)
+        out = self.matmul(x, None)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         return out + self.bias if self.bias is not None else out
@@ -219,4 +248,5 @@ class RowParallelLinear(LinearBase):
         """``residual += self(x)`` in one kernel on one rank (decode_gemv.add_linear_: gemv_add,
         or the GEMM accumulating into the residual); returns False, with nothing done, when that
         does not apply (then call ``forward``)."""
-        return self.tp_size == 1 and add_linear_(residual, x, self.weight, self.bias, self.use_gemv)
+        return (self.tp_size == 1 and self.quant_method is None
+                and add_linear_(residual, x, self.weight, self.bias, self.use_gemv))

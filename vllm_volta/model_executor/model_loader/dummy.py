@@ -13,7 +13,8 @@ def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float =
                              seed: int = 1234) -> None:
     """Fill every parameter with U(low, high), generated where it lives (no host copy).
 
-    Like vLLM's dummy format, but norm weights are set to 1 so activations keep their scale.
+    Like vLLM's dummy format, but norm weights are set to 1 so activations keep their scale, and
+    integer (packed quantized) tensors get uniformly random bits.
     """
     if not low < high:
         raise ValueError(f"low must be < high, got low={low}, high={high}")
@@ -26,4 +27,7 @@ def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float =
         gen = generators.get(param.device)
         if gen is None:
             gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
-        param.uniform_(low, high, generator=gen)
+        if param.is_floating_point():
+            param.uniform_(low, high, generator=gen)
+        else:
+            param.random_(generator=gen)

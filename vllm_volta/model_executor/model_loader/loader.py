@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from vllm_volta.logger import init_logger
+from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
 from vllm_volta.model_executor.models.registry import get_model_cls
 from vllm_volta.model_executor.models.utils import config_head_dim
 
@@ -65,7 +66,11 @@ def get_model(model_config: Any, device: torch.device | str,
     model_path = model_config.model_path or model_config.model
     load_format = resolve_load_format(model_config.load_format, model_path)
 
-    with torch.device(device):  # parameters are allocated directly on the target device
+    quant_config = get_quant_config(hf_config)
+    if quant_config is not None:
+        logger.info("Quantized weights: %s (the linear layers keep them packed)", quant_config.describe())
+    # parameters are allocated directly on the target device
+    with torch.device(device), quantization(quant_config):
         model = model_cls(hf_config, dtype=dtype, attn_backend=attn_backend)
     if load_format == "dummy":
         from vllm_volta.model_executor.model_loader.dummy import initialize_dummy_weights

@@ -39,7 +39,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
         self.act_fn = get_act_and_mul_fn(hidden_act)
         # Decode-sized inputs: gate_up and silu_and_mul in one gemv launch (decode_gemv.py).
-        self.fused_act = isinstance(self.act_fn, SiluAndMul)
+        self.fused_act = isinstance(self.act_fn, SiluAndMul) and self.gate_up_proj.quant_method is None
 
     def activation(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
         """act(gate) * up: the input of down_proj (gate/up of norm(x) with `norm`)."""
@@ -89,7 +89,7 @@ class LlamaAttention(nn.Module):
                norm: RMSNorm | None = None) -> torch.Tensor:
         """The attention output, before o_proj (of norm(hidden_states) with `norm`)."""
         proj = self.qkv_proj
-        if not self.qk_norm:  # decode sizes: projection, RoPE and cache write in one kernel
+        if not self.qk_norm and proj.quant_method is None:  # decode sizes: projection, RoPE, cache write in one kernel
             qkv = rope_cache_linear(hidden_states, proj.weight, proj.bias, proj.use_gemv, norm, self.rotary_emb,
                                     positions, kv_cache, attn_metadata.slot_mapping)
             if qkv is not None:

@@ -1,0 +1,112 @@
+"""AWQ 4-bit weights: unpacking, the linear layers at every kind of sharding, and whole models
+against transformers running the same weights dense."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from test_v100.model_executor.models.hf_compare import (TINY, check_mixed_batch, check_single_prefill, load_ours,
+                                                        save_random_hf_model)
+from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                                     RowParallelLinear)
+from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
+from vllm_volta.model_executor.layers.quantization.awq import AWQConfig, dequantize_torch, unpack_awq
+
+from .awq_checkpoint import pack, quantize_hf_model, random_quantized
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+def test_unpack_and_dequantize_match_the_format():
+    gen = torch.Generator().manual_seed(0)
+    q, z, s, w = random_quantized(64, 48, 16, gen)
+    assert torch.equal(unpack_awq(pack(q)), q.int())
+    got = dequantize_torch(pack(q), pack(z), s, 16, torch.float32)
+    torch.testing.assert_close(got.double(), w, atol=0, rtol=0)
+
+
+def _load(layer, tensors, shard_ids=(None,)):
+    """Feed each (name, tensor[, shard id]) to the layer's parameter loaders."""
+    params = dict(layer.named_parameters())
+    for name, tensor, *shard in tensors:
+        param = params[name]
+        param.weight_loader(param, tensor, *shard)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_layers_compute_x_w(device, rows, dtype):
+    """Merged gate/up, fused q/k/v (loaded per shard) and a row-parallel layer with a bias: x W
+    with W from the packed tensors; decode-sized inputs (<= 8 rows) and prefill-sized ones."""
+    gen = torch.Generator().manual_seed(1)
+    group = 32
+    x = torch.randn(rows, 128, generator=gen)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+    with torch.device(device), quantization(AWQConfig(group)):
+        merged = MergedColumnParallelLinear(128, [64, 96], params_dtype=dtype)
+        qkv = QKVParallelLinear(128, 16, 4, 2, bias=True, params_dtype=dtype)
+        row = RowParallelLinear(128, 40, bias=True, params_dtype=dtype)
+    assert merged.quant_method is not None and not hasattr(merged, "weight")
+    for layer, parts in ((merged, [(0, 64), (1, 96)]), (qkv, [("q", 64), ("k", 32), ("v", 32)]), (row, [(None, 40)])):
+        dense = []
+        for shard, n in parts:
+            q, z, s, w = random_quantized(128, n, group, gen)
+            extra = () if shard is None else (shard,)
+            _load(layer, [("qweight", pack(q), *extra), ("qzeros", pack(z), *extra), ("scales", s, *extra)])
+            dense.append(w)
+        w = torch.cat(dense, 1)
+        bias = None
+        if layer.bias is not None:
+            bias = torch.randn(w.shape[1], generator=gen)
+            layer.bias.data.copy_(bias)
+        want = x.double() @ w + (0 if bias is None else bias.double())
+        got = layer(x.to(device, dtype))
+        assert got.shape == (rows, w.shape[1]) and got.dtype == dtype
+        torch.testing.assert_close(got.double().cpu(), want, **tol)
+
+
+def test_config_errors_name_the_field():
+    cfg = transformers.LlamaConfig(**TINY)
+    assert get_quant_config(cfg) is None
+    cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
+                               "zero_point": True}
+    assert get_quant_config(cfg) == AWQConfig(32)
+    for bad, match in (({"quant_method": "gptq"}, "quant_method 'gptq' is not supported; supported: awq"),
+                       ({"bits": 8}, "bits: AWQ with 8 bits"), ({"version": "gemv"}, "version: AWQ 'gemv'"),
+                       ({"zero_point": False}, "zero_point"), ({"group_size": 0}, "group_size must be"),
+                       ({"modules_to_not_convert": ["visual"]}, "modules_to_not_convert")):
+        cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 32} | bad
+        with pytest.raises(ValueError, match=match):
+            get_quant_config(cfg)
+    with quantization(AWQConfig(32)), pytest.raises(ValueError, match="multiple of the group size 32"):
+        RowParallelLinear(48, 64)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def models(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"awq-{request.param}")
+    config = (transformers.LlamaConfig(**TINY) if request.param == "llama"
+              else transformers.Qwen2Config(**TINY))  # Qwen2: q/k/v biases beside the packed weights
+    hf = save_random_hf_model(config, folder / "dense")
+    quantize_hf_model(hf, folder, group=32)
+    return hf, load_ours(folder)
+
+
+def test_model_keeps_packed_weights(models):
+    _, ours = models
+    names = {n for n, _ in ours.named_parameters()}
+    assert "model.layers.0.self_attn.qkv_proj.qweight" in names
+    assert not any(n.endswith("proj.weight") for n in names)
+    assert ours.model.layers[0].mlp.gate_up_proj.qweight.dtype == torch.int32
+
+
+def test_single_prefill_matches_transformers(models):
+    check_single_prefill(models[1], models[0])
+
+
+def test_mixed_batch_matches_transformers(models):
+    check_mixed_batch(models[1], models[0])

@@ -1,0 +1,45 @@
+"""Quantized weights: the checkpoint's ``quantization_config`` picks a method, and the linear layers
+built while ``quantization(config)`` is active hold that method's tensors instead of a dense weight.
+
+Supported: AWQ 4-bit (awq.py). The lm_head, embeddings and norms stay dense, as in the checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from vllm_volta.model_executor.layers.quantization.awq import AWQConfig
+
+SUPPORTED_QUANTIZATION = ("awq",)
+_current: list[AWQConfig | None] = [None]
+
+
+def get_quant_config(hf_config: Any) -> AWQConfig | None:
+    """The quantization of a checkpoint's config (its ``quantization_config``), None when dense;
+    ValueError naming the method when it is not supported."""
+    text_config = getattr(hf_config, "text_config", None)
+    qc = getattr(hf_config, "quantization_config", None) or getattr(text_config, "quantization_config", None)
+    if not qc:
+        return None
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    method = str(qc.get("quant_method", "")).lower()
+    if method != "awq":
+        raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED_QUANTIZATION)}")
+    return AWQConfig.from_config(qc)
+
+
+@contextlib.contextmanager
+def quantization(config: AWQConfig | None) -> Iterator[None]:
+    """Linear layers created inside the block use ``config``'s weights (None: dense)."""
+    _current.append(config)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+def current_quant_config() -> AWQConfig | None:
+    return _current[-1]

@@ -1,0 +1,127 @@
+"""AWQ 4-bit weights (AutoAWQ's "gemm" layout, as the hub's ``*-AWQ`` checkpoints ship them).
+
+Per linear layer with input size K and output size N, group size g:
+- ``qweight`` int32 [K, N / 8]: eight 4-bit weights per int32, of 8 consecutive output columns;
+  nibble i (bits 4i .. 4i + 3) holds column ``AWQ_PACK_ORDER[i]`` of the 8;
+- ``qzeros`` int32 [K / g, N / 8]: the zero points, packed the same way;
+- ``scales`` [K / g, N] (float16);
+- the weight is W[k, n] = (q[k, n] - z[k // g, n]) * s[k // g, n], and y = x W (+ bias).
+
+The layer keeps the packed tensors (a quarter of float16's bytes). On CUDA in float16 the decode
+rows (up to 8) run through ``awq_gemv`` (the 4-bit weights read once, dequantized in registers)
+and larger inputs dequantize the weight once per call (``awq_dequantize``) for a cuBLAS GEMM;
+elsewhere the same dequantization runs as PyTorch ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+PACK = 8  # 4-bit values per int32
+GEMV_MAX_ROWS = 8
+
+
+@dataclass(frozen=True)
+class AWQConfig:
+    group_size: int
+
+    @classmethod
+    def from_config(cls, qc: dict[str, Any]) -> AWQConfig:
+        """From a checkpoint's ``quantization_config`` (transformers' or AutoAWQ's key names)."""
+        bits = qc.get("bits", qc.get("w_bit", 4))
+        group = qc.get("group_size", qc.get("q_group_size", 128))
+        version = str(qc.get("version", "gemm")).lower()
+        if bits != 4:
+            raise ValueError(f"quantization_config.bits: AWQ with {bits} bits is not supported (4 is)")
+        if version != "gemm":
+            raise ValueError(f"quantization_config.version: AWQ {version!r} is not supported (gemm is)")
+        if not qc.get("zero_point", True):
+            raise ValueError("quantization_config.zero_point: AWQ without zero points is not supported")
+        if not isinstance(group, int) or group < 1:
+            raise ValueError(f"quantization_config.group_size must be a positive int, got {group!r}")
+        if qc.get("modules_to_not_convert"):
+            raise ValueError(f"quantization_config.modules_to_not_convert {qc['modules_to_not_convert']} "
+                             "is not supported (every linear layer must be quantized)")
+        return cls(group)
+
+    def describe(self) -> str:
+        return f"AWQ 4-bit, group size {self.group_size}"
+
+
+def _nibble_shifts(device: torch.device) -> torch.Tensor:
+    """The bit shift of each of the 8 columns of a packed int32 (column AWQ_PACK_ORDER[i] at 4i)."""
+    shifts = [0] * PACK
+    for i, col in enumerate(AWQ_PACK_ORDER):
+        shifts[col] = 4 * i
+    return torch.tensor(shifts, dtype=torch.int32, device=device)
+
+
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] -> the 4-bit values as int32 [R, C * 8], columns in their natural order."""
+    values = packed.unsqueeze(-1) >> _nibble_shifts(packed.device)
+    return (values & 0xF).reshape(packed.shape[0], -1)
+
+
+def dequantize_torch(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """W [K, N] in ``dtype`` from the packed tensors, in PyTorch ops."""
+    q = unpack_awq(qweight)
+    z = unpack_awq(qzeros).repeat_interleave(group_size, dim=0)
+    s = scales.to(dtype).repeat_interleave(group_size, dim=0)
+    return (q - z).to(dtype) * s
+
+
+def _int_param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=torch.int32), requires_grad=False)
+
+
+class AWQLinearMethod:
+    """Creates a linear layer's AWQ tensors and computes x W with them."""
+
+    def __init__(self, config: AWQConfig) -> None:
+        self.config = config
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
+                       params_dtype: torch.dtype | None) -> None:
+        g = self.config.group_size
+        if input_size % g or output_size % PACK:
+            raise ValueError(f"AWQ layer {input_size} -> {output_size} (this rank's part): the input size "
+                             f"must be a multiple of the group size {g} and the output size of {PACK}")
+        layer.qweight = _int_param(input_size, output_size // PACK)
+        layer.qzeros = _int_param(input_size // g, output_size // PACK)
+        layer.scales = nn.Parameter(torch.empty(input_size // g, output_size,
+                                                dtype=params_dtype or torch.get_default_dtype()),
+                                    requires_grad=False)
+        for param, pack in ((layer.qweight, PACK), (layer.qzeros, PACK), (layer.scales, 1)):
+            param.output_dim, param.input_dim, param.pack = 1, 0, pack
+            param.weight_loader = layer.weight_loader
+
+    def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """W [K, N] in ``dtype``."""
+        from vllm_volta import _custom_ops as ops
+
+        if layer.qweight.is_cuda and dtype == torch.float16 and ops.has_cuda_kernel("awq_dequantize"):
+            out = torch.empty(layer.qweight.shape[0], layer.scales.shape[1], dtype=dtype, device=layer.qweight.device)
+            ops.awq_dequantize(out, layer.qweight, layer.qzeros, layer.scales.to(dtype))
+            return out
+        return dequantize_torch(layer.qweight, layer.qzeros, layer.scales, self.config.group_size, dtype)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., K] -> x W + bias [..., N]."""
+        from vllm_volta import _custom_ops as ops
+
+        rows = x.reshape(-1, x.shape[-1])
+        if (x.is_cuda and x.dtype == torch.float16 and rows.shape[0] <= GEMV_MAX_ROWS
+                and layer.scales.dtype == torch.float16 and ops.has_cuda_kernel("awq_gemv")):
+            out = torch.empty(rows.shape[0], layer.scales.shape[1], dtype=x.dtype, device=x.device)
+            ops.awq_gemv(out, rows.contiguous(), layer.qweight, layer.qzeros, layer.scales)
+        else:
+            out = rows @ self.dense_weight(layer, x.dtype)
+        if bias is not None:
+            out += bias
+        return out.view(*x.shape[:-1], out.shape[-1])
