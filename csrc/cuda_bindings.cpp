@@ -31,4 +31,6 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("gemv_silu_and_mul", TORCH_BOX(&gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&gemv_add));
   m.impl("gemv_rope_cache", TORCH_BOX(&gemv_rope_cache));
+  m.impl("awq_dequantize", TORCH_BOX(&awq_dequantize));
+  m.impl("awq_gemv", TORCH_BOX(&awq_gemv));
 }

@@ -46,6 +46,8 @@ void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor
 void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
                           Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
                           std::optional<Tensor> norm_weight, double epsilon);
+void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
+void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -85,6 +87,10 @@ void gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bia
 void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, Tensor positions,
                      Tensor kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox,
                      std::optional<Tensor> norm_weight, double epsilon);
+
+// ---- AWQ 4-bit weights, float16, Volta-safe, CUDA in every build (csrc/awq_kernels.cu) ----
+void awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
+void awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
 #endif
 
 }  // namespace vllm_volta

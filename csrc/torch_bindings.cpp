@@ -9,6 +9,7 @@
 // `_C_adapter` exposes the same adapter functions under their own namespace so a
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
+#include "awq_checks.h"
 #include "gemv_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
@@ -86,6 +87,12 @@ void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional
   check_gemv_rope_args(out, input, weight, bias, positions, kv_cache, slot_mapping, cos_sin_cache, norm_weight,
                        epsilon);
 }
+void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales) {
+  check_awq_dequantize_args(out, qweight, qzeros, scales);
+}
+void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) {
+  check_awq_gemv_args(out, input, qweight, qzeros, scales);
+}
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
 }
@@ -149,6 +156,10 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("gemv_rope_cache(Tensor! out, Tensor input, Tensor weight, Tensor? bias, Tensor positions, "
         "Tensor! kv_cache, Tensor slot_mapping, Tensor cos_sin_cache, bool is_neox, Tensor? norm_weight=None, "
         "float epsilon=0.0) -> ()");
+  // AWQ 4-bit weights (qweight int32 [K, N/8], qzeros int32 [K/g, N/8], scales float16 [K/g, N]):
+  // out [K, N] = the float16 weight; out [M, N] = input [M, K] @ that weight for 1 <= M <= 4.
+  m.def("awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
+  m.def("awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -172,6 +183,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gemv_silu_and_mul", TORCH_BOX(&meta_gemv_silu_and_mul));
   m.impl("gemv_add", TORCH_BOX(&meta_gemv_add));
   m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
+  m.impl("awq_dequantize", TORCH_BOX(&meta_awq_dequantize));
+  m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

@@ -242,3 +242,15 @@ def gemv_rope_cache(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor
     """
     torch.ops._C.gemv_rope_cache(out, input, weight, bias, positions, kv_cache, slot_mapping, cos_sin_cache,
                                  is_neox, norm_weight, epsilon)
+
+
+def awq_dequantize(out: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> None:
+    """out [K, N] float16 <- the AWQ weight of qweight int32 [K, N/8], qzeros int32 [K/g, N/8],
+    scales float16 [K/g, N] (layers/quantization/awq.py). CUDA only."""
+    torch.ops._C.awq_dequantize(out, qweight, qzeros, scales)
+
+
+def awq_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
+             scales: torch.Tensor) -> None:
+    """out [M, N] float16 <- input [M, K] @ the AWQ weight, for 1 <= M <= 4 rows (decode). CUDA only."""
+    torch.ops._C.awq_gemv(out, input, qweight, qzeros, scales)

@@ -36,7 +36,7 @@ def nvcc_results(tmp_path_factory):
 def test_there_are_cuda_sources():
     assert {f.name for f in CU_FILES} >= {"layernorm_kernels.cu", "activation_kernels.cu", "cache_kernels.cu",
                                           "attention_kernels.cu", "rotary_kernels.cu",
-                                          "sampling_kernels.cu"}
+                                          "sampling_kernels.cu", "awq_kernels.cu"}
 
 
 @needs_nvcc
@@ -82,6 +82,8 @@ NVRTC_UNITS = {
                                                 ("kAdd", "false", "false"), ("kAdd", "false", "true"),
                                                 ("kRopeCache", "false", "false"), ("kRopeCache", "true", "false"),
                                                 ("kRopeCache", "false", "true"), ("kRopeCache", "true", "true"))],
+    "kernels/awq.cuh": ["&vllm_volta::awq_dequantize_kernel", "&vllm_volta::awq_reduce_kernel"]
+                       + [f"&vllm_volta::awq_gemv_kernel<{m}>" for m in (1, 2, 3, 4)],
 }
 
 

@@ -22,6 +22,8 @@ ADAPTED_OPS = {
 
 # Volta-safe CUDA kernels registered in every CUDA build (no CPU kernel), plus Meta.
 CUDA_ONLY_OPS = {
+    "awq_dequantize": "awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()",
+    "awq_gemv": "awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()",
     "reshape_and_cache": "reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()",
     "paged_attention_decode": (
         "paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "

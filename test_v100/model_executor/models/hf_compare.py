@@ -231,13 +231,21 @@ def check_fp16_engine_logprobs(tmp_path: Path, arch: str, **overrides) -> None:
     graphs) on a tiny ``arch`` model (tiny_models.py, with ``overrides``): every prompt and
     generated token's logprob is within fp16 noise of transformers' (fp32) on the same sequence,
     so the check does not depend on which token a near-tie picks."""
-    from test_v100.worker.tiny_models import random_prompts, save_tiny_model
-    from vllm_volta import LLM
-    from vllm_volta.sampling_params import SamplingParams
+    from test_v100.worker.tiny_models import save_tiny_model
 
     hf = save_tiny_model(tmp_path, arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                          num_key_value_heads=1, head_dim=256, **overrides)
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float16", gpu_memory_utilization=0.3,
+    check_engine_logprobs(tmp_path, hf)
+
+
+def check_engine_logprobs(folder: Path, hf: transformers.PreTrainedModel) -> None:
+    """The fp16 engine on the CUDA backend with CUDA graphs, on the checkpoint in ``folder``: every
+    prompt and generated token's logprob within 0.1 of ``hf``'s (fp32) on the same sequence."""
+    from test_v100.worker.tiny_models import random_prompts
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    llm = LLM(str(folder), skip_tokenizer_init=True, dtype="float16", gpu_memory_utilization=0.3,
               max_num_seqs=8)
     runner = llm.llm_engine.executor.worker.model_runner
     assert runner.attn_backend.name == "VOLTA_PAGED" and runner.graph_runner is not None

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from test_v100.model_executor.models.hf_compare import (TINY, check_mixed_batch, check_single_prefill, load_ours,
-                                                        save_random_hf_model)
+from test_v100.model_executor.models.hf_compare import (TINY, check_engine_logprobs, check_mixed_batch,
+                                                        check_single_prefill, load_ours, save_random_hf_model)
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
@@ -110,3 +110,18 @@ def test_single_prefill_matches_transformers(models):
 
 def test_mixed_batch_matches_transformers(models):
     check_mixed_batch(models[1], models[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_engine_logprobs_match_transformers(tmp_path):
+    """The engine as users run an AWQ checkpoint (fp16, CUDA graphs: awq_gemv at decode,
+    awq_dequantize + cuBLAS in prefill) against transformers running the same weights dense."""
+    config = transformers.LlamaConfig(**{**TINY, "hidden_size": 256, "intermediate_size": 512,
+                                         "num_attention_heads": 4, "num_key_value_heads": 2})
+    hf = save_random_hf_model(config, tmp_path / "dense")
+    with torch.no_grad():  # weights of a trained model's size, so fp16 noise stays small
+        for p in hf.parameters():
+            p.mul_(0.3)
+    quantize_hf_model(hf, tmp_path, group=64)
+    check_engine_logprobs(tmp_path, hf)

@@ -8,7 +8,7 @@ Per linear layer with input size K and output size N, group size g:
 - the weight is W[k, n] = (q[k, n] - z[k // g, n]) * s[k // g, n], and y = x W (+ bias).
 
 The layer keeps the packed tensors (a quarter of float16's bytes). On CUDA in float16 the decode
-rows (up to 8) run through ``awq_gemv`` (the 4-bit weights read once, dequantized in registers)
+rows (up to 4) run through ``awq_gemv`` (the 4-bit weights read once, dequantized in registers)
 and larger inputs dequantize the weight once per call (``awq_dequantize``) for a cuBLAS GEMM;
 elsewhere the same dequantization runs as PyTorch ops.
 """
@@ -23,7 +23,7 @@ from torch import nn
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 PACK = 8  # 4-bit values per int32
-GEMV_MAX_ROWS = 8
+GEMV_MAX_ROWS = 4  # awq_gemv's rows
 
 
 @dataclass(frozen=True)
