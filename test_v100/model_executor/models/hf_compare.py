@@ -254,6 +254,7 @@ def check_engine_logprobs(folder: Path, hf: transformers.PreTrainedModel) -> Non
     outs = llm.generate(prompts, params, use_tqdm=False)
     hf = hf.cuda()
     for prompt, out in zip(prompts, outs):
+        assert out.error is None, out.error
         gen = list(out.outputs[0].token_ids)
         seq = prompt + gen
         with torch.no_grad():

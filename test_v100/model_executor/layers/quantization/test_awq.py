@@ -117,11 +117,30 @@ def test_mixed_batch_matches_transformers(models):
 def test_fp16_engine_logprobs_match_transformers(tmp_path):
     """The engine as users run an AWQ checkpoint (fp16, CUDA graphs: awq_gemv at decode,
     awq_dequantize + cuBLAS in prefill) against transformers running the same weights dense."""
+    # The vocabulary of tiny_models.random_prompts (ids up to 383).
     config = transformers.LlamaConfig(**{**TINY, "hidden_size": 256, "intermediate_size": 512,
-                                         "num_attention_heads": 4, "num_key_value_heads": 2})
+                                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                                         "vocab_size": 384})
     hf = save_random_hf_model(config, tmp_path / "dense")
     with torch.no_grad():  # weights of a trained model's size, so fp16 noise stays small
         for p in hf.parameters():
             p.mul_(0.3)
     quantize_hf_model(hf, tmp_path, group=64)
     check_engine_logprobs(tmp_path, hf)
+
+
+def test_engine_greedy_matches_transformers(tmp_path):
+    """The engine (float32 on the CPU here, chunked prefill next to decodes) on an AWQ checkpoint
+    generates transformers' greedy tokens of the same weights dense."""
+    from test_v100.worker.tiny_models import hf_greedy, random_prompts
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    hf = save_random_hf_model(transformers.Qwen2Config(**{**TINY, "vocab_size": 384}), tmp_path / "dense")
+    quantize_hf_model(hf, tmp_path, group=32)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", cpu_kvcache_space=0.01,
+              max_num_batched_tokens=16)
+    prompts = random_prompts(3, 5, 40, seed=2)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
