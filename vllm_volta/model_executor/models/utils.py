@@ -19,8 +19,9 @@ STACKED_PARAMS_MAPPING: list[tuple[str, str, Any]] = [
     (".gate_up_proj", ".gate_proj", 0),
     (".gate_up_proj", ".up_proj", 1),
 ]
-# Buffers some checkpoints store that we recompute.
-_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# Buffers some checkpoints store that we recompute, and GPTQ's g_idx (row k in group
+# k // group_size: activation-order checkpoints are refused by the quantization config).
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached", ".g_idx")
 
 
 @contextlib.contextmanager

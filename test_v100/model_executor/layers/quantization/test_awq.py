@@ -75,7 +75,7 @@ def test_config_errors_name_the_field():
     cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm",
                                "zero_point": True}
     assert get_quant_config(cfg) == AWQConfig(32)
-    for bad, match in (({"quant_method": "gptq"}, "quant_method 'gptq' is not supported; supported: awq"),
+    for bad, match in (({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported; supported: awq, gptq"),
                        ({"bits": 8}, "bits: AWQ with 8 bits"), ({"version": "gemv"}, "version: AWQ 'gemv'"),
                        ({"zero_point": False}, "zero_point"), ({"group_size": 0}, "group_size must be"),
                        ({"modules_to_not_convert": ["visual"]}, "modules_to_not_convert")):

@@ -1,7 +1,8 @@
 """Quantized weights: the checkpoint's ``quantization_config`` picks a method, and the linear layers
 built while ``quantization(config)`` is active hold that method's tensors instead of a dense weight.
 
-Supported: AWQ 4-bit (awq.py). The lm_head, embeddings and norms stay dense, as in the checkpoints.
+Supported: AWQ 4-bit (awq.py) and GPTQ 4-bit (gptq.py: repacked to AWQ's layout at load). The
+lm_head, embeddings and norms stay dense, as in the checkpoints.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig
+from vllm_volta.model_executor.layers.quantization.gptq import gptq_config
 
-SUPPORTED_QUANTIZATION = ("awq",)
+SUPPORTED_QUANTIZATION = ("awq", "gptq")
 _current: list[AWQConfig | None] = [None]
 
 
@@ -25,10 +27,12 @@ def get_quant_config(hf_config: Any) -> AWQConfig | None:
         return None
     qc = qc if isinstance(qc, dict) else qc.to_dict()
     method = str(qc.get("quant_method", "")).lower()
-    if method != "awq":
-        raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
-                         f"supported: {', '.join(SUPPORTED_QUANTIZATION)}")
-    return AWQConfig.from_config(qc)
+    if method == "awq":
+        return AWQConfig.from_config(qc)
+    if method == "gptq":
+        return gptq_config(qc)
+    raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
+                     f"supported: {', '.join(SUPPORTED_QUANTIZATION)}")
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ elsewhere the same dequantization runs as PyTorch ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,11 @@ GEMV_MAX_ROWS = 4  # awq_gemv's rows
 
 @dataclass(frozen=True)
 class AWQConfig:
+    """4-bit weights in AWQ's layout. ``source``: the checkpoint's format, "awq", or "gptq" /
+    "gptq_v2" (GPTQ tensors, repacked to this layout as they load: gptq.py)."""
+
     group_size: int
+    source: str = "awq"
 
     @classmethod
     def from_config(cls, qc: dict[str, Any]) -> AWQConfig:
@@ -50,7 +55,9 @@ class AWQConfig:
         return cls(group)
 
     def describe(self) -> str:
-        return f"AWQ 4-bit, group size {self.group_size}"
+        if self.source == "awq":
+            return f"AWQ 4-bit, group size {self.group_size}"
+        return f"GPTQ 4-bit ({self.source}), group size {self.group_size}, repacked to AWQ's layout"
 
 
 def _nibble_shifts(device: torch.device) -> torch.Tensor:
@@ -67,6 +74,13 @@ def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     return (values & 0xF).reshape(packed.shape[0], -1)
 
 
+def pack_awq(values: torch.Tensor) -> torch.Tensor:
+    """4-bit values int [R, C] -> int32 [R, C / 8] (the inverse of unpack_awq)."""
+    grouped = values.reshape(values.shape[0], -1, PACK)[..., list(AWQ_PACK_ORDER)].long()
+    words = (grouped << torch.arange(0, 32, 4, device=values.device)).sum(-1)  # disjoint bits: sum = or
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def dequantize_torch(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                      dtype: torch.dtype) -> torch.Tensor:
     """W [K, N] in ``dtype`` from the packed tensors, in PyTorch ops."""
@@ -74,6 +88,14 @@ def dequantize_torch(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     z = unpack_awq(qzeros).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     return (q - z).to(dtype) * s
+
+
+def _converting_loader(loader: Callable[..., None], convert: Callable[..., torch.Tensor], name: str,
+                       source: str) -> Callable[..., None]:
+    """``loader`` fed the checkpoint tensor converted to this layout first."""
+    def load(param: nn.Parameter, loaded: torch.Tensor, *shard: Any) -> None:
+        loader(param, convert(name, loaded, source), *shard)
+    return load
 
 
 def _int_param(*shape: int) -> nn.Parameter:
@@ -97,9 +119,15 @@ class AWQLinearMethod:
         layer.scales = nn.Parameter(torch.empty(input_size // g, output_size,
                                                 dtype=params_dtype or torch.get_default_dtype()),
                                     requires_grad=False)
-        for param, pack in ((layer.qweight, PACK), (layer.qzeros, PACK), (layer.scales, 1)):
+        convert = None
+        if self.config.source != "awq":  # GPTQ tensors: repacked as they load
+            from vllm_volta.model_executor.layers.quantization.gptq import gptq_tensor_to_awq as convert
+        for name, pack in (("qweight", PACK), ("qzeros", PACK), ("scales", 1)):
+            param = getattr(layer, name)
             param.output_dim, param.input_dim, param.pack = 1, 0, pack
             param.weight_loader = layer.weight_loader
+            if convert is not None:
+                param.weight_loader = _converting_loader(layer.weight_loader, convert, name, self.config.source)
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""
