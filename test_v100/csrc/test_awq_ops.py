@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from test_v100.model_executor.layers.quantization.awq_checkpoint import pack, random_quantized
+from test_v100.model_executor.layers.quantization.checkpoints import pack, random_quantized
 from vllm_volta import _custom_ops as ops
 
 from .op_cases import requires_gpu

@@ -14,7 +14,7 @@ from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear,
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig, dequantize_torch, unpack_awq
 
-from .awq_checkpoint import pack, quantize_hf_model, random_quantized
+from .checkpoints import pack, quantize_hf_model, random_quantized
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]

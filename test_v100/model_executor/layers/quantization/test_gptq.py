@@ -13,7 +13,7 @@ from vllm_volta.model_executor.layers.quantization import get_quant_config
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig, dequantize_torch
 from vllm_volta.model_executor.layers.quantization.gptq import gptq_tensor_to_awq
 
-from .awq_checkpoint import pack_natural, quantize_hf_model, random_quantized
+from .checkpoints import pack_natural, quantize_hf_model, random_quantized
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
