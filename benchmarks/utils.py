@@ -190,10 +190,20 @@ def weight_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> dict[str, floa
     """Bytes of weights one decode step reads, from the model shape alone.
 
     Every parameter is read once per step except the input embedding table, of which only
-    one row per token is gathered (it is counted fully when tied to the LM head).
+    one row per token is gathered (it is counted fully when tied to the LM head). In a 4-bit
+    checkpoint (AWQ / GPTQ ``quantization_config``) the decoder's linear layers read half a byte
+    per weight and, per group of weights, a scale in ``dtype`` and a 4-bit zero point.
     """
+    import copy
+
     from transformers import AutoModelForCausalLM
 
+    from vllm_volta.model_executor.layers.quantization import get_quant_config
+
+    quant = get_quant_config(hf_config)
+    if quant is not None:  # the dense model of the same shape
+        hf_config = copy.deepcopy(hf_config)
+        del hf_config.quantization_config
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     total = sum(p.numel() for p in model.parameters())
@@ -201,7 +211,12 @@ def weight_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> dict[str, floa
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     read = total if tied else total - embed.numel() + embed.shape[1]
     elt = torch.empty((), dtype=dtype).element_size()
-    return {"num_parameters": float(total), "weight_bytes_per_token": float(read * elt)}
+    nbytes = float(read * elt)
+    if quant is not None:
+        packed = sum(m.weight.numel() for name, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and ".layers." in name)
+        nbytes += packed * (0.5 - elt) + packed / quant.group_size * (elt + 0.5)
+    return {"num_parameters": float(total), "weight_bytes_per_token": nbytes}
 
 
 def device_info() -> dict[str, Any]:

@@ -78,3 +78,19 @@ def test_engine_against_hf(capsys):
     assert result["speedup_vs_hf"]["p50_latency"] == pytest.approx(
         hf["p50_latency"] / ours["p50_latency"])
     assert result["roofline"]["fraction_of_roofline"] == ours["roofline"]["fraction_of_roofline"]
+
+
+def test_roofline_bytes_of_a_4bit_checkpoint():
+    """The shipped Llama-3-8B AWQ config: the 32 layers' 6.98e9 linear weights at half a byte plus
+    a float16 scale and a 4-bit zero per 128, the lm_head (525M) in float16, one embedding row."""
+    import torch
+    import transformers
+
+    dense = transformers.LlamaConfig(**json.loads((CONFIGS_DIR / "llama-3-8b" / "config.json").read_text()))
+    awq = transformers.LlamaConfig(**json.loads((CONFIGS_DIR / "llama-3-8b-awq" / "config.json").read_text()))
+    fp16 = weight_bytes_per_token(dense, torch.float16)
+    q4 = weight_bytes_per_token(awq, torch.float16)
+    assert q4["num_parameters"] == fp16["num_parameters"]
+    linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)
+    assert fp16["weight_bytes_per_token"] - q4["weight_bytes_per_token"] == pytest.approx(
+        linear * 2 - (linear * 0.5 + linear / 128 * 2.5))
