@@ -98,6 +98,15 @@ def _converting_loader(loader: Callable[..., None], convert: Callable[..., torch
     return load
 
 
+def kernel_path(device: torch.device, dtype: torch.dtype) -> str:
+    """Which code computes x W for layers on ``device`` in ``dtype`` (for the load log)."""
+    from vllm_volta import _custom_ops as ops
+
+    if device.type == "cuda" and dtype == torch.float16 and ops.has_cuda_kernel("awq_gemv"):
+        return f"awq_gemv for steps of up to {GEMV_MAX_ROWS} rows, awq_dequantize + cuBLAS above"
+    return f"PyTorch dequantization each call (the CUDA kernels run float16 on a GPU; here {device.type}, {dtype})"
+
+
 def _int_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=torch.int32), requires_grad=False)
 
@@ -125,9 +134,8 @@ class AWQLinearMethod:
         for name, pack in (("qweight", PACK), ("qzeros", PACK), ("scales", 1)):
             param = getattr(layer, name)
             param.output_dim, param.input_dim, param.pack = 1, 0, pack
-            param.weight_loader = layer.weight_loader
-            if convert is not None:
-                param.weight_loader = _converting_loader(layer.weight_loader, convert, name, self.config.source)
+            param.weight_loader = (layer.weight_loader if convert is None else
+                                   _converting_loader(layer.weight_loader, convert, name, self.config.source))
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""
