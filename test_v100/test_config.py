@@ -56,6 +56,24 @@ def test_given_hf_config_and_bad_fields():
         ModelConfig(model="/no/such/model/dir")
 
 
+def test_quantization_flag_is_checked_against_the_checkpoint():
+    dense = tiny_config("llama")
+    assert ModelConfig(model="tiny", hf_config=dense, dtype="float32").quantization is None
+    with pytest.raises(ValueError, match="quantization='awq', but the checkpoint is not quantized"):
+        ModelConfig(model="tiny", hf_config=dense, dtype="float32", quantization="awq")
+    awq = tiny_config("llama")
+    awq.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 16}
+    for flag in (None, "awq", "AWQ_Marlin"):
+        ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization=flag)
+    with pytest.raises(ValueError, match="quantization='gptq', but the checkpoint is awq-quantized"):
+        ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization="gptq")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization="fp8")
+    awq.quantization_config = {"quant_method": "bitsandbytes"}  # refused before any weight loads
+    with pytest.raises(ValueError, match="quant_method 'bitsandbytes' is not supported; supported: awq, gptq"):
+        ModelConfig(model="tiny", hf_config=awq, dtype="float32")
+
+
 def test_derive_max_model_len_rope_scaling():
     cfg = tiny_config("llama")
     assert derive_max_model_len(cfg) == 512

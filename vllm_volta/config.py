@@ -18,6 +18,9 @@ from vllm_volta.logger import info_once, init_logger
 logger = init_logger(__name__)
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# vLLM's --quantization values we run, and the checkpoint format each one means (the Marlin
+# variants name kernels Volta does not have: the same checkpoints run on ours).
+_QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq"}
 # vLLM's names: full graphs for pure-decode steps and piecewise graphs (around the attention
 # layers) for the other steps, or the decode graphs alone. enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
@@ -89,6 +92,8 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None
     load_format: str = "auto"
+    # vLLM's --quantization: checked against the checkpoint's quantization_config (which decides).
+    quantization: str | None = None
     revision: str | None = None
     tokenizer_revision: str | None = None
     served_model_name: str | None = None
@@ -134,6 +139,22 @@ class ModelConfig:
             self.served_model_name = self.model
         self.dtype = self._resolve_dtype(self.dtype)
         self.max_model_len = self._verify_max_model_len(self.max_model_len)
+        self._verify_quantization()
+
+    def _verify_quantization(self) -> None:
+        from vllm_volta.model_executor.layers.quantization import get_quant_config
+
+        found = get_quant_config(self.hf_config)  # ValueError for a method we cannot run
+        if self.quantization is None:
+            return
+        asked = _QUANTIZATION_ALIASES.get(str(self.quantization).lower())
+        _require(asked is not None, "quantization", f"one of {sorted(_QUANTIZATION_ALIASES)}",
+                 self.quantization)
+        have = None if found is None else ("awq" if found.source == "awq" else "gptq")
+        if asked != have:
+            raise ValueError(f"quantization={self.quantization!r}, but the checkpoint is "
+                             f"{'not quantized' if have is None else have + '-quantized'} "
+                             f"(its config.json's quantization_config)")
 
     def _resolve_source(self) -> None:
         from vllm_volta.transformers_utils.config import resolve_model_source

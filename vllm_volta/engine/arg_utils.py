@@ -37,6 +37,9 @@ _HELP = {
     "seed": "random seed for sampling without a per-request seed",
     "max_model_len": "context length (default: from the model config)",
     "load_format": "auto, safetensors, gguf, dummy (random weights)",
+    "quantization": "the checkpoint's weight quantization, checked against its config: awq, gptq "
+                    "(awq_marlin / gptq_marlin are accepted and run the same kernels); default: "
+                    "read from the config",
     "block_size": "tokens per KV-cache block",
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
     "cpu_kvcache_space": "KV-cache size in GiB on CPU (default: VLLM_VOLTA_CPU_KVCACHE_SPACE)",
@@ -76,6 +79,7 @@ class EngineArgs:
     seed: int = 0
     max_model_len: int | None = None
     load_format: str = "auto"
+    quantization: str | None = None
     served_model_name: str | None = None
     skip_tokenizer_init: bool = False
     max_logprobs: int = 20
@@ -116,7 +120,7 @@ class EngineArgs:
         )
         model_config = ModelConfig(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
-            max_model_len=self.max_model_len, load_format=self.load_format,
+            max_model_len=self.max_model_len, load_format=self.load_format, quantization=self.quantization,
             revision=self.revision, tokenizer_revision=self.tokenizer_revision,
             served_model_name=self.served_model_name,
             trust_remote_code=self.trust_remote_code, enforce_eager=self.enforce_eager,
