@@ -144,3 +144,41 @@ def test_engine_greedy_matches_transformers(tmp_path):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_tp2_shards_reassemble(set_tp, kv_heads):
+    """At tp_size 2 each rank holds its slice of the packed tensors (columns of 8 outputs, rows
+    of whole groups); the slices rebuild x W of the full layers (a single kv head replicated)."""
+    gen = torch.Generator().manual_seed(4)
+    group, hidden, d, heads = 32, 128, 16, 4
+    x, xi = torch.randn(3, hidden, generator=gen), torch.randn(3, 128, generator=gen)
+    weights = {name: random_quantized(hidden, n, group, gen)
+               for name, n in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d), ("gate", 64), ("up", 64))}
+    down = random_quantized(128, hidden, group, gen)
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in (*weights, "down")}
+    for rank in range(2):
+        set_tp(rank, 2)
+        with quantization(AWQConfig(group)):
+            qkv = QKVParallelLinear(hidden, d, heads, kv_heads)
+            mlp = MergedColumnParallelLinear(hidden, [64, 64])
+            row = RowParallelLinear(128, hidden)
+        for layer, shards in ((qkv, ("q", "k", "v")), (mlp, ("gate", "up"))):
+            for shard_id, name in enumerate(shards):
+                q, z, s, _ = weights[name]
+                sid = name if layer is qkv else shard_id
+                _load(layer, [("qweight", pack(q), sid), ("qzeros", pack(z), sid), ("scales", s, sid)])
+        q, z, s, _ = down
+        _load(row, [("qweight", pack(q)), ("qzeros", pack(z)), ("scales", s)])
+        out_q, out_k, out_v = qkv(x).split([qkv.q_size, qkv.kv_size, qkv.kv_size], -1)
+        out_g, out_u = mlp(x).chunk(2, -1)
+        for name, out in (("q", out_q), ("k", out_k), ("v", out_v), ("gate", out_g), ("up", out_u)):
+            parts[name].append(out)
+        parts["down"].append(row.matmul(xi[:, rank * 64:(rank + 1) * 64], None))  # this rank's partial sum
+    for name, (_, _, _, w) in weights.items():
+        got = parts[name][:1] if name in ("k", "v") and kv_heads == 1 else parts[name]
+        if name in ("k", "v") and kv_heads == 1:
+            torch.testing.assert_close(parts[name][0], parts[name][1])
+        torch.testing.assert_close(torch.cat(got, -1).double(), x.double() @ w, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close((parts["down"][0] + parts["down"][1]).double(), xi.double() @ down[3],
+                               atol=1e-4, rtol=1e-4)
