@@ -14,6 +14,8 @@ _EXPORTS = {
     "SamplingParams": "vllm_volta.sampling_params",
     "RequestOutput": "vllm_volta.outputs",
     "CompletionOutput": "vllm_volta.outputs",
+    "PoolingParams": "vllm_volta.pooling_params",
+    "EmbeddingRequestOutput": "vllm_volta.outputs",
     "EngineArgs": "vllm_volta.engine.arg_utils",
     "LLMEngine": "vllm_volta.engine.llm_engine",
 }

@@ -84,6 +84,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     num_cached_tokens: int | None = None
+    embedding: list[float] | None = None  # embedding requests (PoolingParams), once finished
 
     def __repr__(self) -> str:
         return (f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
@@ -91,3 +92,23 @@ class RequestOutput:
                 f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
                 f"finished={self.finished}, metrics={self.metrics}, error={self.error!r}, "
                 f"num_cached_tokens={self.num_cached_tokens})")
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """``LLM.embed``'s result for one prompt (vLLM's class): ``outputs.embedding``."""
+
+    request_id: str
+    outputs: EmbeddingOutput | None
+    prompt_token_ids: list[int] | None
+    finished: bool = True
+    error: str | None = None

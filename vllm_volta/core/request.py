@@ -88,6 +88,9 @@ class Request:
         self.extra: dict[str, Any] = {}
         # Structured outputs: the xgrammar matcher following this sequence's tokens.
         self.grammar: Any = None
+        # Embedding requests (PoolingParams): the step that completes the prompt also returns
+        # its last token's final hidden state.
+        self.pooling_params: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -42,6 +42,7 @@ class RequestGroup:
             [None] if params.prompt_logprobs is not None else None)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
+        self.embedding: list[float] | None = None  # an embedding request's, once computed
 
     @property
     def finished(self) -> bool:
@@ -125,4 +126,5 @@ class RequestGroup:
             prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs else None,
             outputs=outputs, finished=finished, metrics=self.metrics,
-            error=self.error or first.error, num_cached_tokens=max(first.num_cached_tokens, 0))
+            error=self.error or first.error, num_cached_tokens=max(first.num_cached_tokens, 0),
+            embedding=self.embedding)

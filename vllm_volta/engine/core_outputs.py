@@ -10,7 +10,8 @@ request only.
 
 Wire item per request:
     (request_id, finished, error, num_cached_tokens, metrics fields or None,
-     prompt_logprobs or None (sent when it grew), completions)
+     prompt_logprobs or None (sent when it grew), completions, embedding or None (an embedding request's, in its
+     one item: it finishes at the step that computes it))
 with one tuple per completion:
     (start, new_token_ids, new_text, cumulative_logprob, new_logprobs or None, finish_reason,
      stop_reason)
@@ -65,7 +66,7 @@ class OutputEncoder:
         if finished:
             del self._sent[rid]
         return (rid, finished, group.error or first.error, max(first.num_cached_tokens, 0),
-                tuple(vars(group.metrics).values()), prompt_logprobs, completions)
+                tuple(vars(group.metrics).values()), prompt_logprobs, completions, group.embedding)
 
     def forget(self, request_ids: list[str]) -> None:
         """Aborted requests."""
@@ -74,7 +75,7 @@ class OutputEncoder:
 
 
 class _RequestState:
-    __slots__ = ("token_ids", "texts", "logprobs", "completions", "prompt_logprobs", "fields")
+    __slots__ = ("token_ids", "texts", "logprobs", "completions", "prompt_logprobs", "embedding", "fields")
 
     def __init__(self, n: int) -> None:
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
@@ -82,6 +83,7 @@ class _RequestState:
         self.logprobs: list[list[Any] | None] = [None] * n
         self.completions: list[tuple] = []
         self.prompt_logprobs: list[Any] | None = None
+        self.embedding: list[float] | None = None
         self.fields: tuple = ()
 
 
@@ -96,7 +98,7 @@ class OutputDecoder:
               live: Container[str]) -> None:
         """Apply one step's items for the requests in ``live`` (an aborted request's outputs
         may still be on the pipe); ``touched`` collects the requests they advanced."""
-        for rid, finished, error, num_cached, metrics, prompt_logprobs, completions in wire:
+        for rid, finished, error, num_cached, metrics, prompt_logprobs, completions, embedding in wire:
             state = self._states.get(rid)
             if state is None:
                 if rid not in live:
@@ -114,6 +116,8 @@ class OutputDecoder:
             state.completions = completions
             if prompt_logprobs is not None:
                 state.prompt_logprobs = prompt_logprobs
+            if embedding is not None:
+                state.embedding = embedding
             state.fields = (finished, error, num_cached, metrics)
             touched[rid] = state
             if finished:
@@ -135,7 +139,7 @@ class OutputDecoder:
             prompt_logprobs=_copy(state.prompt_logprobs),
             outputs=outputs, finished=finished,
             metrics=None if metrics is None else RequestMetrics(*metrics),
-            error=error, num_cached_tokens=num_cached)
+            error=error, num_cached_tokens=num_cached, embedding=state.embedding)
 
     def forget(self, request_ids: list[str]) -> None:
         """Aborted requests."""

@@ -23,6 +23,7 @@ from vllm_volta.engine.gc_policy import (freeze_startup_heap, raise_gc_threshold
 from vllm_volta.engine.input_processor import InputProcessor, PromptInput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.outputs import RequestOutput
+from vllm_volta.pooling_params import PoolingParams
 from vllm_volta.sampling_params import SamplingParams
 from vllm_volta.worker.model_runner import PendingOutput
 
@@ -98,13 +99,18 @@ class LLMEngine:
         return self.tokenizer
 
     # ---- requests -------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams,
                     arrival_time: float | None = None) -> None:
-        """Queue a request. Bad input raises ValueError and leaves the engine untouched."""
+        """Queue a request (PoolingParams: an embedding request, whose output carries
+        ``embedding``). Bad input raises ValueError and leaves the engine untouched."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        pooling = params if isinstance(params, PoolingParams) else None
+        if pooling is not None:
+            pooling.verify(self.model_config.text_config.hidden_size)
+            params = pooling.sampling_params()
         prompt_text, token_ids, params = self.input_processor.process(prompt, params)
         params = params.clone()
         params.update_from_tokenizer(self.eos_token_ids)
@@ -124,6 +130,7 @@ class LLMEngine:
                             arrival_time=arrival_time, parent_id=request_id, index=i)
             if params.structured_outputs is not None:  # compiled by process() above (cached)
                 child.grammar = self.input_processor.structured.matcher(params.structured_outputs)
+            child.pooling_params = pooling
             children.append(child)
         group = RequestGroup(request_id, prompt_text, token_ids, params, children,
                              self.tokenizer, self._decode_token, arrival_time)
@@ -216,6 +223,10 @@ class LLMEngine:
             request = requests.get(rid)
             if request is not None:  # not aborted while the step ran
                 groups[request.parent_id].add_prompt_logprobs(chunk)
+        for rid, embedding in runner_out.embeddings.items():
+            request = requests.get(rid)
+            if request is not None:
+                groups[request.parent_id].embedding = embedding
         sampled = runner_out.sampled_token_ids
         advanced = self.scheduler.update_from_output(sched_out, sampled)
         logprobs = runner_out.logprobs

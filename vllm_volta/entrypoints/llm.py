@@ -10,7 +10,8 @@ from vllm_volta.beam_search import BeamSearchOutput, beam_search
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.input_processor import PromptInput
 from vllm_volta.engine.llm_engine import LLMEngine
-from vllm_volta.outputs import CompletionOutput, RequestOutput
+from vllm_volta.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from vllm_volta.pooling_params import PoolingParams
 from vllm_volta.sampling_params import BeamSearchParams, SamplingParams
 
 Conversation = Sequence[Mapping[str, Any]]
@@ -64,7 +65,26 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        params_list = self._params_list(sampling_params, len(prompt_list))
+        return self._run_requests(prompt_list, self._params_list(sampling_params, len(prompt_list)), use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """The embedding of every prompt (the final hidden state of its last token, normalized
+        unless ``normalize=False``), in input order. A prompt the engine rejects yields an
+        output with ``error`` set and ``outputs`` None."""
+        prompt_list = _as_prompt_list(prompts)
+        params = pooling_params if pooling_params is not None else PoolingParams()
+        params_list = [params] * len(prompt_list) if isinstance(params, PoolingParams) else list(params)
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"pooling_params: got {len(params_list)} for {len(prompt_list)} prompts; "
+                             f"pass one PoolingParams or one per prompt")
+        return [EmbeddingRequestOutput(out.request_id, None if out.embedding is None else EmbeddingOutput(out.embedding),
+                                       out.prompt_token_ids, out.finished, out.error)
+                for out in self._run_requests(prompt_list, params_list, use_tqdm)]
+
+    def _run_requests(self, prompt_list: list[PromptInput], params_list: list[SamplingParams | PoolingParams],
+                      use_tqdm: bool) -> list[RequestOutput]:
         request_ids, results = [], {}
         for prompt, params in zip(prompt_list, params_list):
             request_id = str(next(self._request_counter))
@@ -166,7 +186,7 @@ def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt
                      f"got {type(prompts).__name__}")
 
 
-def _error_output(request_id: str, prompt: PromptInput, params: SamplingParams | None,
+def _error_output(request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams | None,
                   error: str) -> RequestOutput:
     """A finished output for a prompt the engine rejected."""
     text = prompt if isinstance(prompt, str) else (

@@ -45,6 +45,7 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, LogprobsRow] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    embeddings: dict[str, list[float]] = field(default_factory=dict)  # embedding requests
 
 
 @dataclass
@@ -181,13 +182,31 @@ class ModelRunner:
         hidden = self._forward(inp)
         self._prompt_logprobs(scheduled, inp, hidden, pending.output, same_batch)
         if inp.sample_rows:
-            logits = self.model.compute_logits(inp.logits_hidden(hidden), apply_final_norm=True)
+            rows_hidden = inp.logits_hidden(hidden)
+            logits = self.model.compute_logits(rows_hidden, apply_final_norm=True)
             logits = logits[:len(inp.sample_rows)]
             if self.is_driver:
+                self._embed(_pick(scheduled, inp.sample_rows), rows_hidden, pending.output)
                 self._sample(scheduled, req_ids, inp.sample_rows, logits, pending)
             if self.async_scheduling and get_tensor_model_parallel_world_size() > 1:
                 self._share_sampled_ids(req_ids, inp.sample_rows)
         return pending
+
+    def _embed(self, reqs: list[ScheduledRequest], rows_hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
+        """Embedding requests sample only at the step that completes their prompt: their row's
+        final hidden state (the model's last norm applied), cut to ``dimensions`` and normalized
+        as their PoolingParams ask, in float32."""
+        rows = [j for j, s in enumerate(reqs) if s.request.pooling_params is not None]
+        if not rows:
+            return
+        final = self.model.final_hidden(rows_hidden[to_device(rows, self.device, torch.int64)]).float()
+        for j, vec in zip(rows, final):
+            params = reqs[j].request.pooling_params
+            if params.dimensions is not None:
+                vec = vec[:params.dimensions]
+            if params.normalize:
+                vec = torch.nn.functional.normalize(vec, dim=0)
+            output.embeddings[reqs[j].request.request_id] = vec.tolist()
 
     def _share_sampled_ids(self, step_req_ids: list[str], rows: list[int]) -> None:
         """Async scheduling with tensor parallelism: the next step's inputs hold this step's

@@ -241,6 +241,11 @@ class LlamaForCausalLM(nn.Module):
         norm = self.model.norm if apply_final_norm else None
         return self.logits_processor(self.lm_head, hidden_states, norm)
 
+    def final_hidden(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Rows of the residual stream before the final norm (``forward(final_norm=False)``) ->
+        the model's final hidden states (embedding requests pool them)."""
+        return self.model.norm(hidden_states)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors; returns the names of the parameters that were filled."""
         return load_hf_weights(self, weights, tie_word_embeddings=self.tie_word_embeddings)
