@@ -39,7 +39,7 @@ def test_prompt_forms_give_text_and_ids():
     ({"text": "a"}, None, "'prompt' or 'prompt_token_ids'"),
     ([1], SamplingParams(logprobs=6), r"logprobs=6 exceeds max_logprobs=5; allowed range is \[0, 5\]"),
     ([1], SamplingParams(prompt_logprobs=9), "prompt_logprobs=9 exceeds max_logprobs=5"),
-    ([1], {"max_tokens": 3}, "params must be SamplingParams, got dict"),
+    ([1], {"max_tokens": 3}, "params must be SamplingParams or PoolingParams, got dict"),
 ])
 def test_bad_input_names_the_field(prompt, params, message):
     with pytest.raises(ValueError, match=message):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vllm_volta.pooling_params import PoolingParams
 from vllm_volta.sampling_params import SamplingParams
 from vllm_volta.structured_output import StructuredOutputManager
 
@@ -26,14 +27,18 @@ class InputProcessor:
         # is refused here.
         self.structured = StructuredOutputManager(tokenizer, model_config.get_vocab_size(), stop_token_ids)
 
-    def process(self, prompt: PromptInput, params: SamplingParams | None
-                ) -> tuple[str | None, list[int], SamplingParams]:
+    def process(self, prompt: PromptInput, params: SamplingParams | PoolingParams | None
+                ) -> tuple[str | None, list[int], SamplingParams | PoolingParams]:
         if params is None:
             params = SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(params, (SamplingParams, PoolingParams)):
+            raise ValueError(f"params must be SamplingParams or PoolingParams, got {type(params).__name__}")
         prompt_text, token_ids = self.tokenize(prompt)
-        self.validate(token_ids, params)
+        if isinstance(params, PoolingParams):
+            params.verify(self.model_config.text_config.hidden_size)
+            self.validate(token_ids, params.sampling_params())
+        else:
+            self.validate(token_ids, params)
         return prompt_text, token_ids, params
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:

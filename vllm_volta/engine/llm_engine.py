@@ -107,11 +107,10 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        prompt_text, token_ids, params = self.input_processor.process(prompt, params)
         pooling = params if isinstance(params, PoolingParams) else None
         if pooling is not None:
-            pooling.verify(self.model_config.text_config.hidden_size)
             params = pooling.sampling_params()
-        prompt_text, token_ids, params = self.input_processor.process(prompt, params)
         params = params.clone()
         params.update_from_tokenizer(self.eos_token_ids)
         arrival_time = arrival_time if arrival_time is not None else time.time()

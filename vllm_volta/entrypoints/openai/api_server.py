@@ -23,8 +23,9 @@ from vllm_volta.entrypoints.openai.cli_args import (
 from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm_volta.entrypoints.openai.metrics import ServerMetrics
 from vllm_volta.entrypoints.openai.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
 from vllm_volta.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm_volta.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from vllm_volta.entrypoints.openai.serving_engine import now_s
 from vllm_volta.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm_volta.logger import init_logger
@@ -79,6 +80,7 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     limits = _model_limits(engine)
     chat_template = load_chat_template(args.chat_template)
     completions = OpenAIServingCompletion(engine, names, **limits)
+    embeddings = OpenAIServingEmbedding(engine, names, **limits)
     tokenization = OpenAIServingTokenization(engine, names, chat_template=chat_template,
                                              tool_call_parser=tool_call_parser(args),
                                              reasoning_parser=getattr(args, "reasoning_parser", None),
@@ -128,6 +130,10 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     async def create_chat_completion(request: ChatCompletionRequest,
                                      raw_request: Request) -> Any:
         return await chat.create_chat_completion(request, raw_request)
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Any:
+        return await embeddings.create_embedding(request, raw_request)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> JSONResponse:

@@ -161,12 +161,38 @@ class CompletionRequest(_SamplingFields):
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (text or token ids)."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # one prompt given as token ids
-        return list(p)
+        return _prompt_list(self.prompt)
+
+
+def _prompt_list(p: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A prompt field (one text, texts, one prompt's token ids, several) as a list of prompts."""
+    if isinstance(p, str):
+        return [p]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]  # one prompt given as token ids
+    return list(p)
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings (OpenAI's fields, and vLLM's add_special_tokens)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) == 0:
+            raise ValueError("input must not be an empty list")
+        return v
+
+    def inputs(self) -> list[str | list[int]]:
+        return _prompt_list(self.input)
 
 
 class ContentPart(BaseModel):
