@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "qwen3_moe")
 VOCAB_SIZE = 384
 
 
@@ -40,6 +40,11 @@ def tiny_config(arch: str, **overrides):
         cfg = transformers.Gemma3TextConfig(head_dim=16, sliding_window=16, query_pre_attn_scalar=16,
                                             layer_types=["sliding_attention", "full_attention"],
                                             rope_parameters=rope, **{**common, "tie_word_embeddings": True})
+    elif arch == "mixtral":  # top-2 of 4 experts
+        cfg = transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **common)
+    elif arch == "qwen3_moe":  # top-2 of 6 experts, not renormalized; layer 1 dense
+        cfg = transformers.Qwen3MoeConfig(head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+                                          norm_topk_prob=False, mlp_only_layers=[1], **common)
     else:
         raise ValueError(arch)
     for key, value in overrides.items():

@@ -138,6 +138,10 @@ class Worker:
             # torch.distributed collectives inside captured graphs are not relied on yet.
             logger.info("CUDA graphs off with tensor_parallel_size=%d", self.world_size)
             return
+        if not getattr(runner.model, "supports_cuda_graphs", True):
+            logger.info("CUDA graphs off: %s routes tokens to experts in shapes that change every step",
+                        type(runner.model).__name__)
+            return
         if not getattr(runner.attn_backend, "supports_cuda_graphs", False):
             logger.info("CUDA graphs off: attention backend %s cannot be captured",
                         getattr(runner.attn_backend, "name", "?"))

@@ -8,8 +8,8 @@ from vllm_volta.model_executor.models.registry import get_model_cls, get_support
 def test_known_architectures():
     assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                      "GemmaForCausalLM",
-                                     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                     "Qwen3ForCausalLM"]
+                                     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+                                     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
     for arch in get_supported_archs():
         assert get_model_cls([arch]).__name__ == arch
     # The first supported name wins; a plain string works too.
@@ -20,6 +20,7 @@ def test_known_architectures():
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
 def test_unknown_architecture_lists_supported(archs):
     with pytest.raises(ValueError, match="supported architectures: Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                                         "Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-                                         "Qwen2ForCausalLM, Qwen3ForCausalLM"):
+                                         "Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
+                                         "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, "
+                                         "Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
         get_model_cls(archs)

@@ -1,0 +1,55 @@
+"""Mixtral and Qwen3-MoE (mixture-of-experts MLPs) vs transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from .hf_compare import TINY, check_mixed_batch, check_needed, check_single_prefill, load_ours, save_random_hf_model
+
+CONFIGS = {
+    # top-2 of 4 experts, renormalized (Mixtral always is)
+    "mixtral": lambda: transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+    # top-3 of 8, not renormalized; layer 1 dense (mlp_only_layers), per-head q/k norms
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8, num_experts_per_tok=3,
+                                                     moe_intermediate_size=48, norm_topk_prob=False,
+                                                     mlp_only_layers=[1]),
+    "qwen3_moe_renormalized": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8,
+                                                                  num_experts_per_tok=3, moe_intermediate_size=48,
+                                                                  norm_topk_prob=True),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def models(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_random_hf_model(CONFIGS[request.param](), folder)
+    return hf, load_ours(folder)
+
+
+def test_loaded_as_moe(models):
+    hf, ours = models
+    assert type(ours).__name__ == hf.config.architectures[0] and ours.supports_cuda_graphs is False
+    moe = ours.model.layers[0].block_sparse_moe if hasattr(ours.model.layers[0], "block_sparse_moe") \
+        else ours.model.layers[0].mlp
+    assert moe.w13.shape[0] == moe.num_experts and moe.gate.weight.shape[0] == moe.num_experts
+    if getattr(hf.config, "mlp_only_layers", None):
+        assert type(ours.model.layers[1].mlp).__name__ == "LlamaMLP"
+
+
+def test_single_prefill_matches_transformers(models):
+    check_single_prefill(models[1], models[0])
+
+
+def test_mixed_batch_matches_transformers(models):
+    check_mixed_batch(models[1], models[0])
+
+
+def test_routing_matters(models):
+    """Routing every token to the same experts breaks the match: the experts are really chosen
+    per token."""
+    hf, ours = models
+    moe = ours.model.layers[0].block_sparse_moe if hasattr(ours.model.layers[0], "block_sparse_moe") \
+        else ours.model.layers[0].mlp
+    check_needed(ours, hf, [(moe.gate.weight, "data", torch.zeros_like(moe.gate.weight))])
