@@ -15,6 +15,10 @@ CONFIGS = {
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8, num_experts_per_tok=3,
                                                      moe_intermediate_size=48, norm_topk_prob=False,
                                                      mlp_only_layers=[1]),
+    # top-2 of 6 plus a shared expert and its sigmoid gate; q/k/v biases; layer 1 dense
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(**TINY, num_experts=6, num_experts_per_tok=2,
+                                                     moe_intermediate_size=48, shared_expert_intermediate_size=80,
+                                                     decoder_sparse_step=1, mlp_only_layers=[1]),
     "qwen3_moe_renormalized": lambda: transformers.Qwen3MoeConfig(**TINY, head_dim=32, num_experts=8,
                                                                   num_experts_per_tok=3, moe_intermediate_size=48,
                                                                   norm_topk_prob=True),

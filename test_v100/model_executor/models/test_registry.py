@@ -9,7 +9,8 @@ def test_known_architectures():
     assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                      "GemmaForCausalLM",
                                      "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
-                                     "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+                                     "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
+                                     "Qwen3MoeForCausalLM"]
     for arch in get_supported_archs():
         assert get_model_cls([arch]).__name__ == arch
     # The first supported name wins; a plain string works too.
@@ -22,5 +23,6 @@ def test_unknown_architecture_lists_supported(archs):
     with pytest.raises(ValueError, match="supported architectures: Gemma2ForCausalLM, Gemma3ForCausalLM, "
                                          "Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
                                          "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+                                         "Qwen2MoeForCausalLM, "
                                          "Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
         get_model_cls(archs)

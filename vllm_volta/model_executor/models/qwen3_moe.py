@@ -18,9 +18,14 @@ from vllm_volta.model_executor.models.qwen3 import Qwen3ForCausalLM
 class Qwen3MoeDecoderLayer(MoEDecoderLayer):
     mlp_name = "mlp"
 
-    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+    @staticmethod
+    def is_dense(config: Any, layer_idx: int) -> bool:
+        """Whether the layer has a dense MLP (``mlp_only_layers``, or off ``decoder_sparse_step``)."""
         step = getattr(config, "decoder_sparse_step", 1) or 1
-        if layer_idx in (getattr(config, "mlp_only_layers", None) or []) or (layer_idx + 1) % step:
+        return layer_idx in (getattr(config, "mlp_only_layers", None) or []) or bool((layer_idx + 1) % step)
+
+    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+        if self.is_dense(config, layer_idx):
             return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         return MoE(config.num_experts, config.num_experts_per_tok, config.hidden_size,
                    config.moe_intermediate_size, renormalize=bool(getattr(config, "norm_topk_prob", False)),
