@@ -155,3 +155,26 @@ def test_generation_config_defaults(tmp_path):
     with pytest.raises(ValueError, match="generation_config must be 'auto', 'vllm' or a folder"):
         ModelConfig(model="tiny", hf_config=tiny_config("llama"), dtype="float32",
                     generation_config="nope")
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+def test_gemma2_and_3_are_not_auto_float16(clean_env, model_type, capsys):
+    """Where bfloat16 is missing (Volta), "auto" runs Gemma 2 / 3 in float32, not float16 (their
+    activations overflow it); an explicit float16 is honoured with a warning."""
+    cfg = tiny_config("gemma2" if model_type == "gemma2" else "gemma3")
+    cfg.torch_dtype = torch.bfloat16
+    clean_env.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0")
+    from vllm_volta.platforms import cuda
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("vllm_volta.platforms.current_platform", cuda.CudaPlatform(), raising=False)
+    try:
+        assert ModelConfig(model="tiny", hf_config=cfg).dtype == torch.float32
+        assert ModelConfig(model="tiny", hf_config=cfg, dtype="half").dtype == torch.float16
+        logged = capsys.readouterr().out
+        assert "running float32" in logged and "can overflow" in logged
+        llama = tiny_config("llama")
+        llama.torch_dtype = torch.bfloat16
+        assert ModelConfig(model="tiny", hf_config=llama).dtype == torch.float16
+    finally:
+        monkey.undo()

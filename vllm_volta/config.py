@@ -21,6 +21,9 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # vLLM's --quantization values we run, and the checkpoint format each one means (the Marlin
 # variants name kernels Volta does not have: the same checkpoints run on ours).
 _QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq"}
+# Model types whose activations exceed float16's range (trained in bfloat16; vLLM keeps them off
+# float16 too): "auto" never picks float16 for them.
+_FLOAT16_OVERFLOWS = ("gemma2", "gemma3", "gemma3_text")
 # vLLM's names: full graphs for pure-decode steps and piecewise graphs (around the attention
 # layers) for the other steps, or the decode graphs alone. enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
@@ -166,7 +169,18 @@ class ModelConfig:
 
     def _resolve_dtype(self, requested: str | torch.dtype) -> torch.dtype:
         from vllm_volta.platforms import current_platform
-        return current_platform.resolve_dtype(requested, _config_dtype(self.hf_config))
+        dtype = current_platform.resolve_dtype(requested, _config_dtype(self.hf_config))
+        model_type = getattr(self.hf_config, "model_type", None)
+        if dtype != torch.float16 or model_type not in _FLOAT16_OVERFLOWS:
+            return dtype
+        if isinstance(requested, str) and requested.lower() == "auto":
+            # As vLLM: the next dtype the device has (bfloat16 was not: float32).
+            logger.warning("%s activations overflow float16 (outputs turn to NaN) and this device has no "
+                           "bfloat16: running float32. --dtype half runs float16 anyway.", model_type)
+            return torch.float32
+        logger.warning("%s in float16: its activations can overflow (outputs turn to NaN); bfloat16 or "
+                       "float32 are safe", model_type)
+        return dtype
 
     def _verify_max_model_len(self, requested: int | None) -> int:
         supported = derive_max_model_len(self.hf_config)
