@@ -100,10 +100,23 @@ def test_response_carries_the_calls():
 
 LLAMA_OUTPUT = ('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                 '{"name": "get_weather", "parameters": {"city": "Rome"}}')
+MISTRAL_OUTPUT = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+
+
+def test_mistral_keeps_special_tokens_in_the_text():
+    """[TOOL_CALLS] is a special token: with the mistral parser the engine is asked to keep
+    special tokens, so the parser sees the marker; the other parsers leave the default."""
+    for parser, keep in (("mistral", True), ("hermes", False)):
+        handler, seen = _handler(parser), {}
+        _scripted(handler, MISTRAL_OUTPUT, [len(MISTRAL_OUTPUT)], seen)
+        message = json.loads(asyncio.run(handler.create_chat_completion(_request())).body)["choices"][0]["message"]
+        assert seen["params"].skip_special_tokens is (not keep)
+        assert bool(message.get("tool_calls")) is keep
 
 
 @pytest.mark.parametrize("parser,output,content", [("hermes", OUTPUT, "I will look.\n"),
-                                                   ("llama3_json", LLAMA_OUTPUT, "")])
+                                                   ("llama3_json", LLAMA_OUTPUT, ""),
+                                                   ("mistral", MISTRAL_OUTPUT, "")])
 @pytest.mark.parametrize("step", [23, 3])
 def test_stream_adds_up_to_the_response(parser, output, content, step):
     handler = _handler(parser)

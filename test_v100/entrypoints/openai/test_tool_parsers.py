@@ -1,4 +1,4 @@
-"""The tool-call parsers (hermes, llama3_json): whole outputs, and streams cut at every kind of
+"""The tool-call parsers (hermes, llama3_json, pythonic, mistral): whole outputs, and streams cut at every kind of
 boundary give the same content and calls."""
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ import random
 import pytest
 
 from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, HermesToolParser, Llama3JsonToolParser,
-                                                        PythonicToolParser, StreamingToolCalls)
+                                                        MistralToolParser, PythonicToolParser, StreamingToolCalls)
 
 PARSER = HermesToolParser()
 LLAMA = Llama3JsonToolParser()
 PYTHONIC = PythonicToolParser()
+MISTRAL = MistralToolParser()
+MISTRAL_V3 = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", "arguments": {}}]'
+MISTRAL_V11 = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]now[ARGS]{}'
 LLAMA_CALLS = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                '{"name": "now", "parameters": {}}')
 TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
@@ -58,7 +61,8 @@ def test_llama3_json():
     (PARSER, TWO_CALLS), (PARSER, "No tools needed: the answer is <tool_c... no, 42."),
     (LLAMA, LLAMA_CALLS), (LLAMA, '  {"name": "f", "parameters": {"q": "x"}}'),
     (LLAMA, "Plain answer { with a brace"), (LLAMA, "<|python_ta and then plain text"),
-    (PYTHONIC, '[get_weather(city="Paris", days=3), now()]'), (PYTHONIC, "Plain [1] answer")])
+    (PYTHONIC, '[get_weather(city="Paris", days=3), now()]'), (PYTHONIC, "Plain [1] answer"),
+    (MISTRAL, MISTRAL_V3), (MISTRAL, MISTRAL_V11), (MISTRAL, "[TOOLS are not calls"), (MISTRAL, "Plain answer")])
 @pytest.mark.parametrize("seed", range(8))
 def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
     rng = random.Random(seed)
@@ -82,8 +86,20 @@ def test_pythonic():
         assert PYTHONIC.extract(text) == (text, [])
 
 
+def test_mistral():
+    for text in (MISTRAL_V3, MISTRAL_V11, " " + MISTRAL_V3 + "\n"):
+        content, calls = MISTRAL.extract(text)
+        assert content is None and _calls(calls) == [("get_weather", {"city": "Paris"}), ("now", {})]
+    content, calls = MISTRAL.extract('Sure. [TOOL_CALLS][{"name": "f", "arguments": {"q": "café"}}]')
+    assert content == "Sure. " and calls[0].arguments == '{"q": "café"}'
+    for text in ("Plain", "[TOOL_CALLS]", "[TOOL_CALLS] [1, 2]", "[TOOL_CALLS]f[ARGS][1]", "[TOOL_CALLS][ARGS]{}",
+                 '[TOOL_CALLS] [{"name": "f", "arguments": {}} trailing'):
+        assert MISTRAL.extract(text) == (text, [])
+    assert MISTRAL.keeps_special_tokens  # the marker is a special token
+
+
 def test_parsers_by_name():
-    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "pythonic"]
+    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "mistral", "pythonic"]
     assert isinstance(PARSER.streamer(), StreamingToolCalls)
 
 

@@ -31,8 +31,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(tool_choice \"auto\"); needs --tool-call-parser.")
     group.add_argument("--tool-call-parser", type=str, default=None, choices=sorted(TOOL_PARSERS),
                        help="How the model writes tool calls: hermes (<tool_call>{json}</tool_call>: "
-                            "Qwen2.5, Qwen3, Hermes), llama3_json (Llama 3.1-3.3 JSON calls) or pythonic "
-                            "([f(a=1), g()]: Llama 3.2 / 4 pythonic templates).")
+                            "Qwen2.5, Qwen3, Hermes), llama3_json (Llama 3.1-3.3 JSON calls), pythonic "
+                            "([f(a=1), g()]: Llama 3.2 / 4 pythonic templates) or mistral ([TOOL_CALLS]).")
     group.add_argument("--reasoning-parser", type=str, default=None, choices=sorted(REASONING_PARSERS),
                        help="Put the <think> part of chat outputs in reasoning_content: qwen3 "
                             "(a block the output opens) or deepseek_r1 (reasoning up to </think>).")

@@ -71,6 +71,8 @@ class OpenAIServingChat(OpenAIServing):
             kwargs["logprobs"] = top
         if forced is not None:
             kwargs["structured_outputs"] = forced
+        if getattr(parser, "keeps_special_tokens", False):  # its markers are special tokens
+            kwargs["skip_special_tokens"] = False
         params = self.make_sampling_params(
             {"logprobs": "top_logprobs", "max_tokens": param}, max_tokens=max_tokens, **kwargs)
         request_id = request.request_id or random_id("chatcmpl")

@@ -8,6 +8,9 @@
   ``<|python_tag|>``.
 - ``pythonic``: Llama 3.2 / 4 pythonic templates: the whole output is a Python list of calls with
   literal keyword arguments, ``[get_weather(city="Paris"), now()]``.
+- ``mistral``: Mistral's ``[TOOL_CALLS]`` special token, then a JSON list of
+  ``{"name": ..., "arguments": {...}}`` (tokenizer v3: Mistral 7B v0.3, Nemo), or one or more
+  ``[TOOL_CALLS]name[ARGS]{...}`` (tokenizer v11 and later: Mistral Small 3.2, Devstral).
 
 An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
 parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
@@ -135,12 +138,49 @@ class PythonicToolParser:
         return BufferedToolCalls(self)
 
 
+class MistralToolParser:
+    """``[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`` or ``[TOOL_CALLS]name[ARGS]{...}``
+    (repeated). The marker is a special token: requests parsed with this parser keep special
+    tokens in their text (``keeps_special_tokens``)."""
+
+    finish_reason = "tool_calls"
+    marker = "[TOOL_CALLS]"
+    call_starts = (marker,)
+    keeps_special_tokens = True
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        if self.marker not in text:
+            return text, []
+        start = text.index(self.marker)
+        calls: list[ToolCall] = []
+        try:
+            for part in text[start:].split(self.marker)[1:]:
+                name, sep, args = part.partition("[ARGS]")
+                if sep:  # v11: name[ARGS]{...}
+                    arguments = json.loads(args)
+                    if not isinstance(arguments, dict) or not name.strip():
+                        raise ValueError(part)
+                    calls.append(ToolCall(name.strip(), json.dumps(arguments, ensure_ascii=False)))
+                    continue
+                items = json.loads(part)  # v3: a JSON list of calls (or one call)
+                calls += [_tool_call(obj, "arguments") for obj in (items if isinstance(items, list) else [items])]
+        except (ValueError, TypeError):
+            return text, []
+        if not calls:
+            return text, []
+        content = text[:start]
+        return (content if content.strip() else None), calls
+
+    def streamer(self) -> BufferedToolCalls:
+        return BufferedToolCalls(self)
+
+
 class BufferedToolCalls:
     """A stream for formats whose calls are the whole output: content streams as it comes
     unless the output starts like calls (the parser's ``call_starts``), which is held to the
     end and parsed whole."""
 
-    def __init__(self, parser: Llama3JsonToolParser | PythonicToolParser) -> None:
+    def __init__(self, parser: Llama3JsonToolParser | PythonicToolParser | MistralToolParser) -> None:
         self.parser = parser
         self._held: bool | None = None  # None: undecided (only blanks or a tag prefix so far)
         self._sent = 0
@@ -275,8 +315,9 @@ class WholeOutputToolCalls:
         return content or "", calls
 
 
-ToolParser = (HermesToolParser | Llama3JsonToolParser | PythonicToolParser | NamedToolCall
+ToolParser = (HermesToolParser | Llama3JsonToolParser | PythonicToolParser | MistralToolParser | NamedToolCall
               | RequiredToolCalls)
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser,
                                              "llama3_json": Llama3JsonToolParser,
-                                             "pythonic": PythonicToolParser}
+                                             "pythonic": PythonicToolParser,
+                                             "mistral": MistralToolParser}
