@@ -20,7 +20,7 @@ logger = init_logger(__name__)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # vLLM's --quantization values we run, and the checkpoint format each one means (the Marlin
 # variants name kernels Volta does not have: the same checkpoints run on ours).
-_QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq"}
+_QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "gguf": "gguf"}
 # Model types whose activations exceed float16's range (trained in bfloat16; vLLM keeps them off
 # float16 too): "auto" never picks float16 for them.
 _FLOAT16_OVERFLOWS = ("gemma2", "gemma3", "gemma3_text")
@@ -153,7 +153,10 @@ class ModelConfig:
         asked = _QUANTIZATION_ALIASES.get(str(self.quantization).lower())
         _require(asked is not None, "quantization", f"one of {sorted(_QUANTIZATION_ALIASES)}",
                  self.quantization)
-        have = None if found is None else ("awq" if found.source == "awq" else "gptq")
+        if self.load_format == "gguf" or str(self.model_path).endswith(".gguf"):
+            have = "gguf"
+        else:
+            have = None if found is None else ("awq" if found.source == "awq" else "gptq")
         if asked != have:
             raise ValueError(f"quantization={self.quantization!r}, but the checkpoint is "
                              f"{'not quantized' if have is None else have + '-quantized'} "

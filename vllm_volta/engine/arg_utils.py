@@ -37,7 +37,7 @@ _HELP = {
     "seed": "random seed for sampling without a per-request seed",
     "max_model_len": "context length (default: from the model config)",
     "load_format": "auto, safetensors, gguf, dummy (random weights)",
-    "quantization": "the checkpoint's weight quantization, checked against its config: awq, gptq "
+    "quantization": "the checkpoint's weight quantization, checked against it: awq, gptq, gguf "
                     "(awq_marlin / gptq_marlin are accepted and run the same kernels); default: "
                     "read from the config",
     "block_size": "tokens per KV-cache block",

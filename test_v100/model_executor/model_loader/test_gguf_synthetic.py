@@ -212,3 +212,15 @@ def test_head_dim_default_is_hidden_over_heads(tmp_path: Path):
     got = load_gguf_config(write_gguf(tmp_path / "h.gguf", "llama", cfg, {}))
     assert got.head_dim == 64 // 4
     assert math.isclose(got.rms_norm_eps, 1e-5)
+
+
+def test_quantization_flag_accepts_gguf(tmp_path: Path):
+    """vLLM's --quantization gguf goes with a GGUF file; another method with it is an error."""
+    from vllm_volta.config import ModelConfig
+
+    torch.manual_seed(0)
+    cfg = _CONFIGS["llama"]()
+    path = write_gguf(tmp_path / "q.gguf", "llama", cfg, AutoModelForCausalLM.from_config(cfg).state_dict())
+    ModelConfig(model=str(path), quantization="gguf", skip_tokenizer_init=True, dtype="float32")
+    with pytest.raises(ValueError, match="quantization='awq', but the checkpoint is gguf-quantized"):
+        ModelConfig(model=str(path), quantization="awq", skip_tokenizer_init=True, dtype="float32")
