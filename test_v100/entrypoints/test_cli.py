@@ -8,7 +8,7 @@ import pytest
 
 from test_v100.entrypoints.openai.utils import RemoteServer
 from vllm_volta.entrypoints.cli import parse_args
-from vllm_volta.entrypoints.openai.cli_args import build_engine_args, load_chat_template
+from vllm_volta.entrypoints.openai.cli_args import build_engine_args, check_vllm_flags, load_chat_template
 
 
 def test_vllm_flags_reach_engine_args():
@@ -29,6 +29,24 @@ def test_vllm_flags_reach_engine_args():
                     enforce_eager=True, async_scheduling=True, tensor_parallel_size=1,
                     load_format="dummy", tokenizer="/models/tok")
     assert {k: getattr(ea, k) for k in expected} == expected
+
+
+def test_vllm_only_flags_are_accepted_and_logged(capsys):
+    """A command written for vLLM (the V100 fork's recommended one among them) runs unchanged:
+    flags whose subject does not exist here are accepted and logged; a value this server cannot
+    honour is refused, naming the flag."""
+    args = parse_args(["serve", "m", "--attention-backend", "TRITON_ATTN", "--disable-custom-all-reduce",
+                       "--swap-space", "4", "--disable-log-requests", "--task", "generate",
+                       "--distributed-executor-backend", "mp", "--kv-cache-dtype", "auto", "--tokenizer-mode", "auto"])
+    check_vllm_flags(args)
+    logged = capsys.readouterr().out
+    assert "--disable-custom-all-reduce: no effect here" in logged and "--attention-backend TRITON_ATTN" in logged
+    assert build_engine_args(args).model == "m"
+    for flag, value in (("--kv-cache-dtype", "fp8"), ("--distributed-executor-backend", "ray"),
+                        ("--runner", "draft"), ("--tokenizer-mode", "mistral")):
+        with pytest.raises(ValueError, match=f"{flag} '{value}' is not supported; supported: "):
+            check_vllm_flags(parse_args(["serve", "m", flag, value]))
+    check_vllm_flags(parse_args(["serve", "m"]))  # none given: nothing to say
 
 
 def test_model_is_optional_and_flag_form_agrees():

@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 
 from vllm_volta.engine.async_llm import AsyncLLM
 from vllm_volta.entrypoints.openai.cli_args import (
-    add_server_args, build_engine_args, load_chat_template, tool_call_parser)
+    add_server_args, build_engine_args, check_vllm_flags, load_chat_template, tool_call_parser)
 from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm_volta.entrypoints.openai.metrics import ServerMetrics
 from vllm_volta.entrypoints.openai.protocol import (
@@ -176,6 +176,7 @@ def run_server(args: argparse.Namespace) -> None:
 
     load_chat_template(args.chat_template)  # fail fast, before loading the model
     tool_call_parser(args)
+    check_vllm_flags(args)
     engine_args = build_engine_args(args)
     own_process, why = engine_process_choice(args.engine_process,
                                              DeviceConfig(engine_args.device).device)

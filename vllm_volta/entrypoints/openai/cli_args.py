@@ -13,6 +13,30 @@ from typing import Any
 
 from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from vllm_volta.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from vllm_volta.logger import init_logger
+
+logger = init_logger(__name__)
+
+# vLLM flags that command lines written for vLLM carry, accepted so they run unchanged: what each
+# controls in vLLM, and why it changes nothing here. A value this server cannot honour is refused
+# (check_vllm_flags), naming the flag.
+_NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
+    "--disable-custom-all-reduce": ({"action": "store_true"},
+                                    "tensor parallelism all-reduces through NCCL (no custom all-reduce)"),
+    "--swap-space": ({"type": float}, "preempted requests are recomputed, never swapped to CPU memory"),
+    "--disable-log-requests": ({"action": "store_true"}, "requests are not logged"),
+    "--task": ({"type": str}, "every model generates and embeds (/v1/embeddings)"),
+    "--runner": ({"type": str}, "every model generates and embeds (/v1/embeddings)"),
+    "--attention-backend": ({"type": str}, "the attention backend is chosen per GPU (VOLTA_PAGED on CUDA); "
+                                           "VLLM_VOLTA_ATTENTION_BACKEND forces one"),
+    "--distributed-executor-backend": ({"type": str}, "tensor-parallel workers are processes (mp)"),
+    "--kv-cache-dtype": ({"type": str}, "the KV cache holds the model dtype"),
+    "--tokenizer-mode": ({"type": str}, "tokenizers load through transformers"),
+}
+# Values of those flags that match what this server does; others are refused.
+_ALLOWED_VALUES = {"task": ("auto", "generate", "embed", "embedding"), "runner": ("auto", "generate", "pooling"),
+                   "distributed_executor_backend": ("mp", "uni"), "kv_cache_dtype": ("auto",),
+                   "tokenizer_mode": ("auto", "hf")}
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -47,7 +71,24 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "lock with the HTTP event loop. Default: on with a GPU, off on CPU "
                             "(where the forward pass, not the host, is the limit).")
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
+    compat = parser.add_argument_group("vLLM flags with no effect here (accepted so vLLM commands run)")
+    for flag, (kwargs, why) in _NO_EFFECT_FLAGS.items():
+        compat.add_argument(flag, default=None, help=why, **kwargs)
     return parser
+
+
+def check_vllm_flags(args: argparse.Namespace) -> None:
+    """Log the vLLM-only flags that were given (and why they change nothing); ValueError for a
+    value this server cannot honour (e.g. --kv-cache-dtype fp8), naming the flag."""
+    for flag, (_, why) in _NO_EFFECT_FLAGS.items():
+        dest = flag[2:].replace("-", "_")
+        value = getattr(args, dest, None)
+        if value in (None, False):
+            continue
+        allowed = _ALLOWED_VALUES.get(dest)
+        if allowed is not None and str(value).lower() not in allowed:
+            raise ValueError(f"{flag} {value!r} is not supported; supported: {', '.join(allowed)}")
+        logger.info("%s: no effect here (%s)", flag if value is True else f"{flag} {value}", why)
 
 
 def tool_call_parser(args: argparse.Namespace) -> str | None:
