@@ -23,9 +23,11 @@ from vllm_volta.entrypoints.openai.cli_args import (
 from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
 from vllm_volta.entrypoints.openai.metrics import ServerMetrics
 from vllm_volta.entrypoints.openai.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, ResponsesRequest,
+    TokenizeRequest)
 from vllm_volta.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm_volta.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from vllm_volta.entrypoints.openai.serving_responses import OpenAIServingResponses
 from vllm_volta.entrypoints.openai.serving_engine import now_s
 from vllm_volta.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm_volta.logger import init_logger
@@ -86,6 +88,7 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
                                              reasoning_parser=getattr(args, "reasoning_parser", None),
                                              **limits)
     chat = tokenization  # the tokenization handler is a chat handler too
+    responses = OpenAIServingResponses(chat)
     metrics = ServerMetrics(names[0])
     engine.stat_loggers.append(metrics)
 
@@ -130,6 +133,10 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     async def create_chat_completion(request: ChatCompletionRequest,
                                      raw_request: Request) -> Any:
         return await chat.create_chat_completion(request, raw_request)
+
+    @app.post("/v1/responses")
+    async def create_response(request: ResponsesRequest, raw_request: Request) -> Any:
+        return await responses.create_response(request, raw_request)
 
     @app.post("/v1/embeddings")
     async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Any:

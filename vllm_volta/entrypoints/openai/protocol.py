@@ -331,3 +331,63 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[int]
+
+
+class ResponseInputPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class ResponseInputMessage(BaseModel):
+    """An item of the Responses API's ``input`` list: a message with text content."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ResponseInputPart]
+
+    def chat_message(self) -> ChatMessage:
+        text = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        return ChatMessage(role=self.role, content=text)
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses: OpenAI's Responses API for text in and text out (and vLLM's
+    ignore_eos, seed). Not served, and refused with a 400 naming the field: tools and
+    previous_response_id (responses are not stored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    input: str | list[ResponseInputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    previous_response_id: str | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) == 0:
+            raise ValueError("input must not be an empty list")
+        return v
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """The conversation: instructions as the system message, then the input."""
+        messages = [] if self.instructions is None else [ChatMessage(role="system", content=self.instructions)]
+        if isinstance(self.input, str):
+            return [*messages, ChatMessage(role="user", content=self.input)]
+        return [*messages, *(item.chat_message() for item in self.input)]
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        kwargs = {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                  "ignore_eos": self.ignore_eos or None}
+        return {k: v for k, v in kwargs.items() if v is not None}
