@@ -4,14 +4,17 @@
 # VLLM_VOLTA_DEVICE_CAPABILITY=7.0). Every log and JSON goes to OUTDIR.
 #
 #   benchmarks/gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load]
-#                                   [serving_tok]
+#                                   [serving_tok] [subset]
+#
+# `subset` runs only the test files in SUBSET (default: the features not yet run on a GPU), both
+# modes at once, within SUBSET_TIMEOUT seconds each (default 240).
 #
 # The Volta tree is a copy of this checkout (VOLTA_TREE, default /tmp/volta-tree) with its own
 # in-place build, so both extensions exist side by side. The steps write more than ten files; where
 # only a few files come back from the machine, give a scratch OUTDIR and pack it afterwards
 # (e.g. `tar -czf "$OUT/gpu_verify.tgz" -C /tmp/gv .`).
 set -uo pipefail
-out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load] [serving_tok]}
+out=${1:?usage: gpu_verify.sh OUTDIR [build] [tests] [kernels] [e2e] [serving] [serving_load] [serving_tok] [subset]}
 shift
 steps=${*:-build tests kernels e2e serving}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +48,19 @@ do_tests() {
   in_volta timeout "${TEST_TIMEOUT:-600}" python -m pytest -q -m "not default_model" --durations=20 \
     --ignore=test_v100/csrc/test_compile.py test_v100 >"$out/tests_volta.log" 2>&1
   tail -4 "$out/tests_volta.log"
+}
+
+do_subset() {
+  local files=${SUBSET:-"test_v100/model_executor/layers/quantization test_v100/csrc/test_awq_ops.py
+    test_v100/entrypoints/test_llm_embed.py test_v100/model_executor/layers/test_moe.py
+    test_v100/engine/test_llm_engine.py test_v100/entrypoints/openai/test_serving_embedding.py"}
+  note "test subset on the GPU, both modes at once: $(echo $files | wc -w) paths"
+  timeout "${SUBSET_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider -rf $files \
+    >"$out/subset_native.log" 2>&1 &
+  in_volta timeout "${SUBSET_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider -rf $files \
+    >"$out/subset_volta.log" 2>&1
+  wait
+  for mode in native volta; do echo "$mode: $(tail -n 1 "$out/subset_$mode.log")"; done
 }
 
 do_kernels() {
