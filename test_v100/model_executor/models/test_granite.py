@@ -1,0 +1,34 @@
+"""Granite 3.x (Llama with embedding / attention / residual multipliers and logits scaling) vs
+transformers."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("granite")
+    # Multipliers far from 1, so that each one matters.
+    config = transformers.GraniteConfig(**TINY, pad_token_id=0, embedding_multiplier=6.0, residual_multiplier=0.3,
+                                        attention_multiplier=0.05, logits_scaling=4.0)
+    hf = save_random_hf_model(config, folder)
+    return hf, load_ours(folder)
+
+
+def test_loaded_as_granite(models):
+    hf, ours = models
+    assert type(ours).__name__ == "GraniteForCausalLM"
+    assert ours.model.embed_scale == 6.0 and ours.logits_processor.scale == 0.25
+    assert ours.model.layers[0].self_attn.attn.impl.scale == 0.05
+
+
+def test_single_prefill_matches_transformers(models):
+    check_single_prefill(models[1], models[0])
+
+
+def test_mixed_batch_matches_transformers(models):
+    check_mixed_batch(models[1], models[0])
