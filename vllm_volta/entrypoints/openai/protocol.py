@@ -18,6 +18,13 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+def _not_empty(field: str, value: Any) -> Any:
+    """A prompt / input field's check: a list must hold something."""
+    if isinstance(value, list) and not value:
+        raise ValueError(f"{field} must not be an empty list")
+    return value
+
+
 class _SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
@@ -152,12 +159,7 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = None
     add_special_tokens: bool = True
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_not_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) == 0:
-            raise ValueError("prompt must not be an empty list")
-        return v
+    _prompt_not_empty = field_validator("prompt")(lambda cls, v: _not_empty("prompt", v))
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (text or token ids)."""
@@ -184,12 +186,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     add_special_tokens: bool = True
 
-    @field_validator("input")
-    @classmethod
-    def _input_not_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) == 0:
-            raise ValueError("input must not be an empty list")
-        return v
+    _input_not_empty = field_validator("input")(lambda cls, v: _not_empty("input", v))
 
     def inputs(self) -> list[str | list[int]]:
         return _prompt_list(self.input)
@@ -373,12 +370,7 @@ class ResponsesRequest(BaseModel):
     ignore_eos: bool = False
     seed: int | None = None
 
-    @field_validator("input")
-    @classmethod
-    def _input_not_empty(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) == 0:
-            raise ValueError("input must not be an empty list")
-        return v
+    _input_not_empty = field_validator("input")(lambda cls, v: _not_empty("input", v))
 
     def chat_messages(self) -> list[ChatMessage]:
         """The conversation: instructions as the system message, then the input."""
