@@ -73,12 +73,13 @@ class MoE(nn.Module):
         order = flat.argsort()
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync
         tokens = order // self.top_k
+        pair_weights = weights.flatten()[order]  # in expert order, as tokens
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
             rows = tokens[start:start + count]
-            w = weights.flatten()[order[start:start + count]]
+            w = pair_weights[start:start + count]
             h = self.act_fn(x[rows] @ self.w13[expert].t()) @ self.w2[expert].t()
             out.index_add_(0, rows, h * w[:, None])
             start += count

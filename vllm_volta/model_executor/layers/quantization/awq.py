@@ -98,11 +98,16 @@ def _converting_loader(loader: Callable[..., None], convert: Callable[..., torch
     return load
 
 
-def kernel_path(device: torch.device, dtype: torch.dtype) -> str:
-    """Which code computes x W for layers on ``device`` in ``dtype`` (for the load log)."""
+def _cuda_kernels(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether awq_gemv / awq_dequantize compute x W here: float16 on a GPU, in a CUDA build."""
     from vllm_volta import _custom_ops as ops
 
-    if device.type == "cuda" and dtype == torch.float16 and ops.has_cuda_kernel("awq_gemv"):
+    return device.type == "cuda" and dtype == torch.float16 and ops.has_cuda_kernel("awq_gemv")
+
+
+def kernel_path(device: torch.device, dtype: torch.dtype) -> str:
+    """Which code computes x W for layers on ``device`` in ``dtype`` (for the load log)."""
+    if _cuda_kernels(device, dtype):
         return f"awq_gemv for steps of up to {GEMV_MAX_ROWS} rows, awq_dequantize + cuBLAS above"
     return f"PyTorch dequantization each call (the CUDA kernels run float16 on a GPU; here {device.type}, {dtype})"
 
@@ -141,7 +146,7 @@ class AWQLinearMethod:
         """W [K, N] in ``dtype``."""
         from vllm_volta import _custom_ops as ops
 
-        if layer.qweight.is_cuda and dtype == torch.float16 and ops.has_cuda_kernel("awq_dequantize"):
+        if _cuda_kernels(layer.qweight.device, dtype):
             out = torch.empty(layer.qweight.shape[0], layer.scales.shape[1], dtype=dtype, device=layer.qweight.device)
             ops.awq_dequantize(out, layer.qweight, layer.qzeros, layer.scales.to(dtype))
             return out
@@ -152,8 +157,8 @@ class AWQLinearMethod:
         from vllm_volta import _custom_ops as ops
 
         rows = x.reshape(-1, x.shape[-1])
-        if (x.is_cuda and x.dtype == torch.float16 and rows.shape[0] <= GEMV_MAX_ROWS
-                and layer.scales.dtype == torch.float16 and ops.has_cuda_kernel("awq_gemv")):
+        if (rows.shape[0] <= GEMV_MAX_ROWS and layer.scales.dtype == torch.float16
+                and _cuda_kernels(x.device, x.dtype)):
             out = torch.empty(rows.shape[0], layer.scales.shape[1], dtype=x.dtype, device=x.device)
             ops.awq_gemv(out, rows.contiguous(), layer.qweight, layer.qzeros, layer.scales)
         else:
