@@ -17,26 +17,23 @@ from vllm_volta.logger import init_logger
 
 logger = init_logger(__name__)
 
-# vLLM flags that command lines written for vLLM carry, accepted so they run unchanged: what each
-# controls in vLLM, and why it changes nothing here. A value this server cannot honour is refused
-# (check_vllm_flags), naming the flag.
-_NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str]] = {
+# vLLM flags that command lines written for vLLM carry, accepted so they run unchanged:
+# flag -> (argparse kwargs, why it changes nothing here, the values this server honours or None
+# for any). Other values are refused (check_vllm_flags), naming the flag.
+_NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str, tuple[str, ...] | None]] = {
     "--disable-custom-all-reduce": ({"action": "store_true"},
-                                    "tensor parallelism all-reduces through NCCL (no custom all-reduce)"),
-    "--swap-space": ({"type": float}, "preempted requests are recomputed, never swapped to CPU memory"),
-    "--disable-log-requests": ({"action": "store_true"}, "requests are not logged"),
-    "--task": ({"type": str}, "every model generates and embeds (/v1/embeddings)"),
-    "--runner": ({"type": str}, "every model generates and embeds (/v1/embeddings)"),
+                                    "tensor parallelism all-reduces through NCCL (no custom all-reduce)", None),
+    "--swap-space": ({"type": float}, "preempted requests are recomputed, never swapped to CPU memory", None),
+    "--disable-log-requests": ({"action": "store_true"}, "requests are not logged", None),
+    "--task": ({"type": str}, "every model generates and embeds (/v1/embeddings)",
+               ("auto", "generate", "embed", "embedding")),
+    "--runner": ({"type": str}, "every model generates and embeds (/v1/embeddings)", ("auto", "generate", "pooling")),
     "--attention-backend": ({"type": str}, "the attention backend is chosen per GPU (VOLTA_PAGED on CUDA); "
-                                           "VLLM_VOLTA_ATTENTION_BACKEND forces one"),
-    "--distributed-executor-backend": ({"type": str}, "tensor-parallel workers are processes (mp)"),
-    "--kv-cache-dtype": ({"type": str}, "the KV cache holds the model dtype"),
-    "--tokenizer-mode": ({"type": str}, "tokenizers load through transformers"),
+                                           "VLLM_VOLTA_ATTENTION_BACKEND forces one", None),
+    "--distributed-executor-backend": ({"type": str}, "tensor-parallel workers are processes (mp)", ("mp", "uni")),
+    "--kv-cache-dtype": ({"type": str}, "the KV cache holds the model dtype", ("auto",)),
+    "--tokenizer-mode": ({"type": str}, "tokenizers load through transformers", ("auto", "hf")),
 }
-# Values of those flags that match what this server does; others are refused.
-_ALLOWED_VALUES = {"task": ("auto", "generate", "embed", "embedding"), "runner": ("auto", "generate", "pooling"),
-                   "distributed_executor_backend": ("mp", "uni"), "kv_cache_dtype": ("auto",),
-                   "tokenizer_mode": ("auto", "hf")}
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -72,7 +69,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(where the forward pass, not the host, is the limit).")
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
     compat = parser.add_argument_group("vLLM flags with no effect here (accepted so vLLM commands run)")
-    for flag, (kwargs, why) in _NO_EFFECT_FLAGS.items():
+    for flag, (kwargs, why, _) in _NO_EFFECT_FLAGS.items():
         compat.add_argument(flag, default=None, help=why, **kwargs)
     return parser
 
@@ -80,12 +77,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def check_vllm_flags(args: argparse.Namespace) -> None:
     """Log the vLLM-only flags that were given (and why they change nothing); ValueError for a
     value this server cannot honour (e.g. --kv-cache-dtype fp8), naming the flag."""
-    for flag, (_, why) in _NO_EFFECT_FLAGS.items():
-        dest = flag[2:].replace("-", "_")
-        value = getattr(args, dest, None)
+    for flag, (_, why, allowed) in _NO_EFFECT_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
         if value in (None, False):
             continue
-        allowed = _ALLOWED_VALUES.get(dest)
         if allowed is not None and str(value).lower() not in allowed:
             raise ValueError(f"{flag} {value!r} is not supported; supported: {', '.join(allowed)}")
         logger.info("%s: no effect here (%s)", flag if value is True else f"{flag} {value}", why)
