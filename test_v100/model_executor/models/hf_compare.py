@@ -56,6 +56,13 @@ def load_ours(folder: Path, dtype: torch.dtype = torch.float32, device: str = "c
     return get_model(model_config, device, attn_backend=TorchSDPABackend)
 
 
+def hf_and_ours(config: transformers.PretrainedConfig, folder: Path) -> tuple[transformers.PreTrainedModel, torch.nn.Module]:
+    """A random HF model of ``config`` saved to ``folder``, and ours loaded from it (a model test's
+    fixture)."""
+    hf = save_random_hf_model(config, folder)
+    return hf, load_ours(folder)
+
+
 @torch.no_grad()
 def hf_logits(hf: transformers.PreTrainedModel, token_ids: list[int]) -> torch.Tensor:
     """[len, vocab] float32 logits of the HF model for one full sequence."""

@@ -6,8 +6,7 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_single_prefill, load_ours,
-                         save_random_hf_model)
+from .hf_compare import TINY, check_fp16_engine_logprobs, check_mixed_batch, check_single_prefill, hf_and_ours
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +14,7 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma")
     # head_dim 32 with 4 heads: q width 128 against hidden 64, as Gemma's heads of 256 against 2048.
     config = transformers.GemmaConfig(**TINY, head_dim=32)
-    hf = save_random_hf_model(config, folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(config, folder)
 
 
 def test_loaded_as_gemma(models):

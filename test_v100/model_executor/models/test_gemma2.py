@@ -9,7 +9,7 @@ import transformers
 from vllm_volta.model_executor.models.registry import get_model_cls
 
 from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_needed, check_single_prefill,
-                         load_ours, save_random_hf_model)
+                         hf_and_ours)
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,7 @@ def models(tmp_path_factory):
     # caps low enough to change the logits; an attention scale other than head_dim ** -0.5.
     config = transformers.Gemma2Config(**TINY, head_dim=32, sliding_window=4, query_pre_attn_scalar=24,
                                        attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
-    hf = save_random_hf_model(config, folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(config, folder)
 
 
 def attn_impls(model):

@@ -9,7 +9,7 @@ import transformers
 from vllm_volta.model_executor.layers.rotary_embedding import LinearScalingRotaryEmbedding
 
 from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_needed, check_single_prefill,
-                         load_ours, save_random_hf_model)
+                         hf_and_ours, load_ours)
 
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
@@ -22,8 +22,7 @@ def models(tmp_path_factory):
     config = transformers.Gemma3TextConfig(
         **{**TINY, "num_hidden_layers": 3}, head_dim=32, sliding_window=4, query_pre_attn_scalar=24,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_parameters=ROPE)
-    hf = save_random_hf_model(config, folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(config, folder)
 
 
 def test_loaded_as_gemma3(models):

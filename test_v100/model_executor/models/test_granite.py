@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+from .hf_compare import TINY, check_mixed_batch, check_single_prefill, hf_and_ours
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +15,7 @@ def models(tmp_path_factory):
     # Multipliers far from 1, so that each one matters.
     config = transformers.GraniteConfig(**TINY, pad_token_id=0, embedding_multiplier=6.0, residual_multiplier=0.3,
                                         attention_multiplier=0.05, logits_scaling=4.0)
-    hf = save_random_hf_model(config, folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(config, folder)
 
 
 def test_loaded_as_granite(models):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_needed, check_single_prefill, load_ours, save_random_hf_model
+from .hf_compare import TINY, check_mixed_batch, check_needed, check_single_prefill, hf_and_ours
 
 CONFIGS = {
     # top-2 of 4 experts, renormalized (Mixtral always is)
@@ -28,8 +28,7 @@ CONFIGS = {
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    hf = save_random_hf_model(CONFIGS[request.param](), folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(CONFIGS[request.param](), folder)
 
 
 def test_loaded_as_moe(models):

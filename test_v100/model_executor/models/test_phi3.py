@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+from .hf_compare import TINY, check_mixed_batch, check_single_prefill, hf_and_ours, load_ours, save_random_hf_model
 
 
 @pytest.fixture(scope="module", params=[None, 5], ids=["full", "window5"])
@@ -13,8 +13,7 @@ def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("phi3")
     config = transformers.Phi3Config(**TINY, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                      sliding_window=request.param)  # Phi-3-mini-4k has a window
-    hf = save_random_hf_model(config, folder)
-    return hf, load_ours(folder)
+    return hf_and_ours(config, folder)
 
 
 def test_loaded_as_phi3(models):
