@@ -273,3 +273,13 @@ def check_engine_logprobs(folder: Path, hf: transformers.PreTrainedModel) -> Non
         worst = max(range(len(got)), key=lambda i: abs(got[i] - want[i]))
         assert abs(got[worst] - want[worst]) < 0.1, (f"position {worst + 1} of {len(seq)}: logprob "
                                                      f"{got[worst]:.4f}, transformers {want[worst]:.4f}")
+
+
+# The two checks of every model test module's ``models`` fixture ((HF model, ours)): a module
+# imports them and pytest runs them there.
+def test_single_prefill_matches_transformers(models):
+    check_single_prefill(models[1], models[0])
+
+
+def test_mixed_batch_matches_transformers(models):
+    check_mixed_batch(models[1], models[0])

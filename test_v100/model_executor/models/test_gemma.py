@@ -6,7 +6,13 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import TINY, check_fp16_engine_logprobs, check_mixed_batch, check_single_prefill, hf_and_ours
+from . import hf_compare
+from .hf_compare import TINY, check_fp16_engine_logprobs, hf_and_ours
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +32,6 @@ def test_loaded_as_gemma(models):
     hf_norm = hf.model.layers[0].input_layernorm.weight
     torch.testing.assert_close(ours.model.layers[0].input_layernorm.weight, hf_norm + 1)
     torch.testing.assert_close(ours.model.norm.weight, hf.model.norm.weight + 1)
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 @pytest.mark.gpu

@@ -8,8 +8,13 @@ import transformers
 
 from vllm_volta.model_executor.models.registry import get_model_cls
 
-from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_needed, check_single_prefill,
-                         hf_and_ours)
+from . import hf_compare
+from .hf_compare import TINY, check_fp16_engine_logprobs, check_needed, hf_and_ours
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +43,6 @@ def test_loaded_as_gemma2(models):
     settings = [(impl.sliding_window, impl.logits_soft_cap, impl.scale) for impl in attn_impls(ours)]
     assert settings == [(4, 2.0, 24 ** -0.5), (None, 2.0, 24 ** -0.5)]
     assert ours.logits_processor.soft_cap == 3.0
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 @pytest.mark.parametrize("feature", ["sliding_window", "attn_soft_cap", "final_soft_cap"])

@@ -8,11 +8,17 @@ import transformers
 
 from vllm_volta.model_executor.layers.rotary_embedding import LinearScalingRotaryEmbedding
 
-from .hf_compare import (TINY, check_fp16_engine_logprobs, check_mixed_batch, check_needed, check_single_prefill,
-                         hf_and_ours, load_ours)
+from . import hf_compare
+from .hf_compare import (TINY, check_fp16_engine_logprobs, check_needed, check_single_prefill, hf_and_ours,
+                         load_ours)
 
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +47,6 @@ def test_loaded_as_gemma3(models):
     assert layers[2].rotary_emb is sliding and type(sliding).__name__ == "RotaryEmbedding"
     assert sliding.base == 10000.0
     assert isinstance(full, LinearScalingRotaryEmbedding) and (full.base, full.factor) == (1e6, 8.0)
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 @pytest.mark.parametrize("feature", ["sliding_window", "full_layer_rope"])

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, hf_and_ours
+from . import hf_compare
+from .hf_compare import TINY, hf_and_ours
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +30,3 @@ def test_loaded_as_granite(models):
     assert ours.model.embed_scale == 6.0 and ours.logits_processor.scale == 0.25
     assert ours.model.layers[0].self_attn.attn.impl.scale == 0.05
 
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])

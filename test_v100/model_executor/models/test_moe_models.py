@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_needed, check_single_prefill, hf_and_ours
+from . import hf_compare
+from .hf_compare import TINY, check_needed, hf_and_ours
 
 CONFIGS = {
     # top-2 of 4 experts, renormalized (Mixtral always is)
@@ -25,6 +26,11 @@ CONFIGS = {
 }
 
 
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
@@ -39,14 +45,6 @@ def test_loaded_as_moe(models):
     assert moe.w13.shape[0] == moe.num_experts and moe.gate.weight.shape[0] == moe.num_experts
     if getattr(hf.config, "mlp_only_layers", None):
         assert type(ours.model.layers[1].mlp).__name__ == "LlamaMLP"
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 def test_routing_matters(models):

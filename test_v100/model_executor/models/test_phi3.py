@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, hf_and_ours, load_ours, save_random_hf_model
+from . import hf_compare
+from .hf_compare import TINY, hf_and_ours, load_ours, save_random_hf_model
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module", params=[None, 5], ids=["full", "window5"])
@@ -20,14 +26,6 @@ def test_loaded_as_phi3(models):
     hf, ours = models
     assert type(ours).__name__ == "Phi3ForCausalLM"
     assert ours.model.layers[0].self_attn.attn.impl.sliding_window == hf.config.sliding_window
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 def test_partial_rotary_is_refused(tmp_path):

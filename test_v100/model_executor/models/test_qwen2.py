@@ -6,8 +6,13 @@ import pytest
 import torch
 import transformers
 
-from .hf_compare import (TINY, check_fp16_decode_fusions, check_mixed_batch, check_single_prefill, load_ours,
-                         save_random_hf_model)
+from . import hf_compare
+from .hf_compare import TINY, check_fp16_decode_fusions, load_ours, save_random_hf_model
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +30,6 @@ def test_qkv_bias_loaded(models):
     assert attn.o_proj.bias is None
     expected = [ref.q_proj.bias, ref.k_proj.bias, ref.v_proj.bias]
     assert attn.qkv_proj.bias.tolist() == [x for b in expected for x in b.tolist()]
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 @pytest.mark.gpu

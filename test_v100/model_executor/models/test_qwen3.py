@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from .hf_compare import TINY, check_mixed_batch, check_single_prefill, load_ours, save_random_hf_model
+from . import hf_compare
+from .hf_compare import TINY, load_ours, save_random_hf_model
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +29,3 @@ def test_qk_norm_loaded(models):
     assert attn.q_norm.weight.tolist() == hf.model.layers[1].self_attn.q_norm.weight.tolist()
     assert attn.k_norm.weight.tolist() == hf.model.layers[1].self_attn.k_norm.weight.tolist()
 
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])

@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from test_v100.model_executor.models.hf_compare import (TINY, check_engine_logprobs, check_mixed_batch,
-                                                        check_single_prefill, load_ours, save_random_hf_model)
+from test_v100.model_executor.models import hf_compare
+from test_v100.model_executor.models.hf_compare import (TINY, check_engine_logprobs, load_ours,
+                                                        save_random_hf_model)
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
@@ -18,6 +19,11 @@ from .checkpoints import pack, quantize_hf_model, random_quantized
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 def test_unpack_and_dequantize_match_the_format():
@@ -102,14 +108,6 @@ def test_model_keeps_packed_weights(models):
     assert "model.layers.0.self_attn.qkv_proj.qweight" in names
     assert not any(n.endswith("proj.weight") for n in names)
     assert ours.model.layers[0].mlp.gate_up_proj.qweight.dtype == torch.int32
-
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
 
 
 @pytest.mark.gpu

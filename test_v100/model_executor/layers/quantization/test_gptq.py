@@ -7,13 +7,18 @@ import pytest
 import torch
 import transformers
 
-from test_v100.model_executor.models.hf_compare import (TINY, check_mixed_batch, check_single_prefill, load_ours,
-                                                        save_random_hf_model)
+from test_v100.model_executor.models import hf_compare
+from test_v100.model_executor.models.hf_compare import TINY, load_ours, save_random_hf_model
 from vllm_volta.model_executor.layers.quantization import get_quant_config
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig, dequantize_torch
 from vllm_volta.model_executor.layers.quantization.gptq import gptq_tensor_to_awq
 
 from .checkpoints import pack_natural, quantize_hf_model, random_quantized
+
+
+# The shared model checks, run on this module's ``models`` fixture.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
@@ -53,10 +58,3 @@ def test_loaded_in_awq_layout(models):
     qkv = ours.model.layers[0].self_attn.qkv_proj
     assert qkv.qweight.shape == (64, (64 + 2 * 32) // 8) and "GPTQ" in qkv.quant_method.config.describe()
 
-
-def test_single_prefill_matches_transformers(models):
-    check_single_prefill(models[1], models[0])
-
-
-def test_mixed_batch_matches_transformers(models):
-    check_mixed_batch(models[1], models[0])
