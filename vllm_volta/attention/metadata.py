@@ -29,6 +29,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: torch.Tensor  # [B + 1] int32, CPU
     seq_lens_cpu: torch.Tensor  # [B] int32, CPU
+    # [B] int32, device: each sequence's recurrent-state slot (models with MambaSpec layers;
+    # core/kv_cache_spec.py), None for models without recurrent state
+    state_slots: torch.Tensor | None = None
     # Per-step values worked out by the first layer that needs them (step_cached).
     _step_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -81,6 +84,7 @@ def build_attn_metadata(
     block_ids: Sequence[Sequence[int]],
     block_size: int,
     device: torch.device | str = "cpu",
+    state_slots: Sequence[int] | None = None,
 ) -> AttentionMetadata:
     """Build the metadata of one step from per-sequence lists.
 
@@ -90,6 +94,7 @@ def build_attn_metadata(
         block_ids: physical KV-cache blocks of each sequence, in logical order.
         block_size: tokens per block.
         device: where the device-side tensors go.
+        state_slots: each sequence's recurrent-state slot (hybrid models), or None.
     """
     _check_lengths(num_computed, num_new, block_ids, block_size)
     new = torch.tensor(list(num_new), dtype=torch.int32)
@@ -118,4 +123,6 @@ def build_attn_metadata(
         max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
+        state_slots=(None if state_slots is None
+                     else torch.tensor(list(state_slots), dtype=torch.int32).to(device)),
     )

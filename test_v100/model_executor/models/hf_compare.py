@@ -19,6 +19,7 @@ import transformers
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
+from vllm_volta.core.kv_cache_spec import allocate_caches, has_recurrent_state
 from vllm_volta.model_executor.model_loader.loader import get_model
 from vllm_volta.transformers_utils.config import resolve_model_source
 
@@ -73,6 +74,7 @@ def hf_logits(hf: transformers.PreTrainedModel, token_ids: list[int]) -> torch.T
 class _Seq:
     tokens: list[int] = field(default_factory=list)  # tokens already in the cache
     blocks: list[int] = field(default_factory=list)
+    slot: int = -1  # recurrent-state slot (hybrid models)
 
 
 class PagedRunner:
@@ -82,10 +84,17 @@ class PagedRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int = 64, block_size: int = 4,
                  device: str = "cpu", seed: int = 0, defer_final_norm: bool = False) -> None:
         self.defer_final_norm = defer_final_norm
-        attn = [m for m in model.modules() if isinstance(m, Attention)]  # per-rank head counts
-        shape = (2, num_blocks, block_size, attn[0].num_kv_heads, attn[0].head_size)
-        dtype = next(model.parameters()).dtype
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in attn]
+        if hasattr(model, "kv_cache_specs"):  # per-layer shapes, recurrent state (hybrid models)
+            specs = model.kv_cache_specs()
+            self.kv_caches = allocate_caches(specs, num_blocks, block_size, 8, torch.device(device))
+            self.state_slots: list[int] | None = (list(range(7, 0, -1)) if has_recurrent_state(specs)
+                                                  else None)
+        else:
+            attn = [m for m in model.modules() if isinstance(m, Attention)]  # per-rank head counts
+            shape = (2, num_blocks, block_size, attn[0].num_kv_heads, attn[0].head_size)
+            dtype = next(model.parameters()).dtype
+            self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in attn]
+            self.state_slots = None
         self.model, self.block_size, self.device = model, block_size, device
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)  # non-contiguous blocks exercise the block table
@@ -94,6 +103,8 @@ class PagedRunner:
     def share_prefix(self, new_id: str, src_id: str, num_blocks: int) -> None:
         """Start ``new_id`` with the first ``num_blocks`` full blocks of ``src_id`` (a prefix-cache
         hit: those tokens are computed and their KV is read from the shared blocks)."""
+        if self.state_slots is not None:
+            raise ValueError("prefix sharing needs a state snapshot; hybrid models run without it")
         src = self.seqs[src_id]
         n = num_blocks * self.block_size
         self.seqs[new_id] = _Seq(tokens=src.tokens[:n], blocks=src.blocks[:num_blocks])
@@ -103,14 +114,17 @@ class PagedRunner:
         """Run one batch: sequence id -> its new tokens. Returns id -> [n_new, vocab] logits."""
         ids = list(new_tokens)
         for sid in ids:
-            seq = self.seqs.setdefault(sid, _Seq())
+            if sid not in self.seqs:
+                self.seqs[sid] = _Seq(slot=self.state_slots.pop() if self.state_slots is not None else -1)
+            seq = self.seqs[sid]
             needed = -(-(len(seq.tokens) + len(new_tokens[sid])) // self.block_size)
             while len(seq.blocks) < needed:
                 seq.blocks.append(self.free.pop())
         done = [len(self.seqs[s].tokens) for s in ids]
         num_new = [len(new_tokens[s]) for s in ids]
+        slots = [self.seqs[s].slot for s in ids] if self.state_slots is not None else None
         md = build_attn_metadata(done, num_new, [self.seqs[s].blocks for s in ids],
-                                 self.block_size, self.device)
+                                 self.block_size, self.device, state_slots=slots)
         input_ids = torch.tensor([t for s in ids for t in new_tokens[s]], device=self.device)
         positions = compute_positions(done, num_new).to(self.device)
         defer = self.defer_final_norm
@@ -151,7 +165,10 @@ def _check_mixed_batch(model: torch.nn.Module, hf: transformers.PreTrainedModel,
     ]
     for step_no, step in enumerate(schedule):
         if "d" in step and "d" not in runner.seqs:
-            runner.share_prefix("d", "a", 2)
+            if runner.state_slots is None:
+                runner.share_prefix("d", "a", 2)
+            else:  # recurrent state: no prefix sharing, d computes its prefix here
+                step = {**step, "d": (0, step["d"][1])}
         out = runner.step({s: full[s][lo:hi] for s, (lo, hi) in step.items()})
         for s, (lo, hi) in step.items():
             torch.testing.assert_close(out[s], ref[s][lo:hi], atol=atol, rtol=1e-4,
