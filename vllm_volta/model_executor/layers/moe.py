@@ -29,7 +29,7 @@ class MoE(nn.Module):
     """x [T, H] -> [T, H]; checkpoint experts load through ``load_expert``."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool, hidden_act: str = "silu") -> None:
+                 renormalize: bool, hidden_act: str = "silu", per_expert_scale: bool = False) -> None:
         super().__init__()
         if current_quant_config() is not None:
             raise ValueError("quantization_config: quantized mixture-of-experts models are not supported")
@@ -46,6 +46,9 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
                                requires_grad=False)
         self.act_fn = get_act_and_mul_fn(hidden_act)
+        # Gemma 4: each expert's routing weight is multiplied by a learned scale (after renormalize).
+        self.per_expert_scale = (nn.Parameter(torch.ones(num_experts, dtype=dtype), requires_grad=False)
+                                 if per_expert_scale else None)
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
         """One expert's checkpoint weight: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I])."""
@@ -64,10 +67,14 @@ class MoE(nn.Module):
         weights, ids = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
+        if self.per_expert_scale is not None:
+            weights = weights * self.per_expert_scale[ids].float()
         return ids, weights.to(x.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ids, weights = self.route(x)
+    def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
+        """``router_input``: what the gate reads, when not ``x`` (Gemma 4 routes on its own norm
+        of the residual stream)."""
+        ids, weights = self.route(x if router_input is None else router_input)
         out = torch.zeros_like(x)
         flat = ids.flatten()
         order = flat.argsort()
