@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vllm_volta.sampling_params import StructuredOutputsParams
+from vllm_volta.structured_output_checks import check_regex_anchors, check_schema_enforceable
 
 _CACHE_SIZE = 128  # compiled grammars kept per process
 
@@ -64,18 +65,35 @@ class StructuredOutputManager:
         compiler = self._compiler
         try:
             if params.json is not None:
-                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
-                return compiler.compile_json_schema(schema, any_whitespace=False)
-            if params.json_object:
-                return compiler.compile_builtin_json_grammar()
-            if params.regex is not None:
-                return compiler.compile_regex(params.regex)
-            if params.choice is not None:
-                return compiler.compile_grammar("root ::= " + " | ".join(
+                schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+                check_schema_enforceable(schema)
+                compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            elif params.json_object:
+                compiled = compiler.compile_builtin_json_grammar()
+            elif params.regex is not None:
+                check_regex_anchors(params.regex)
+                compiled = compiler.compile_regex(params.regex)
+            elif params.choice is not None:
+                compiled = compiler.compile_grammar("root ::= " + " | ".join(
                     json.dumps(c, ensure_ascii=False) for c in params.choice))
-            return compiler.compile_grammar(params.grammar)
+            else:
+                compiled = compiler.compile_grammar(params.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ValueError(f"structured_outputs: {_first_line(exc)}") from None
+        self._check_satisfiable(compiled)
+        return compiled
+
+    def _check_satisfiable(self, compiled: Any) -> None:
+        """A grammar that allows no first token and is not complete can never finish (an
+        empty character class, a rule that only recurses): refuse it instead of sampling
+        from an all -inf row."""
+        matcher = _xgrammar().GrammarMatcher(compiled)
+        if matcher.is_terminated():
+            return
+        bitmask = fill_bitmask([matcher], self.vocab_size)
+        if not bool(bitmask.any()):
+            raise ValueError("structured_outputs: the constraint can never be satisfied "
+                             "(no output matches it)")
 
 
 def accept(matcher: Any, token_ids: Sequence[int]) -> bool:

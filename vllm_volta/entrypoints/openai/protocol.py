@@ -86,8 +86,9 @@ class _SamplingFields(BaseModel):
             raise ValueError(f"type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
         if kind == "json_schema":
             spec = v.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise ValueError("json_schema must be {'name': ..., 'schema': {...}}")
+            # No schema would constrain nothing: refused rather than answered unconstrained.
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ValueError("json_schema must be {'name': ..., 'schema': {...}} with a schema")
         return v
 
     def structured(self) -> dict[str, Any] | None:
@@ -98,7 +99,7 @@ class _SamplingFields(BaseModel):
         if kind == "json_object":
             given["response_format"] = {"json_object": True}
         elif kind == "json_schema":
-            given["response_format"] = {"json": self.response_format["json_schema"].get("schema", {})}
+            given["response_format"] = {"json": self.response_format["json_schema"]["schema"]}
         if self.structured_outputs is not None:
             given["structured_outputs"] = self.structured_outputs
         for name in ("json", "regex", "choice", "grammar"):
