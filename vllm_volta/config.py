@@ -217,6 +217,12 @@ class ModelConfig:
             return head_dim
         return self.text_config.hidden_size // self.get_num_attention_heads()
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Whether some layers keep a recurrent state per request instead of a KV cache
+        (linear attention: Qwen3.5, Qwen3-Next)."""
+        return "linear_attention" in (getattr(self.text_config, "layer_types", None) or ())
+
     def get_vocab_size(self) -> int:
         return self.text_config.vocab_size
 
@@ -263,6 +269,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
     num_gpu_blocks: int | None = None
+    # Recurrent-state slots (hybrid models: max_num_seqs + 1, slot 0 scratch; 0 otherwise),
+    # set by VllmConfig.
+    num_state_slots: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 256, "block_size",
@@ -365,6 +374,7 @@ class VllmConfig:
     def __post_init__(self) -> None:
         from vllm_volta.platforms import current_platform
         current_platform.check_and_update_config(self)
+        self._configure_recurrent_state()
         tp = self.parallel_config.tensor_parallel_size
         heads = self.model_config.get_num_attention_heads()
         if heads % tp:  # a property of the model: reported first, on any machine
@@ -374,3 +384,19 @@ class VllmConfig:
             raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs, but "
                              f"{torch.cuda.device_count()} are visible; allowed range is "
                              f"[1, {torch.cuda.device_count()}]")
+
+    def _configure_recurrent_state(self) -> None:
+        """Hybrid models keep one recurrent state per running request: a slot each (plus the
+        scratch slot 0), and no prefix caching (a cached prefix would need the state at the
+        block boundary, which is not kept)."""
+        cc = self.cache_config
+        if not self.model_config.has_recurrent_state:
+            cc.num_state_slots = 0
+            return
+        cc.num_state_slots = self.scheduler_config.max_num_seqs + 1
+        if cc.enable_prefix_caching:
+            logger.info("Prefix caching off: %s keeps a recurrent state per request (linear "
+                        "attention), which a cached prefix cannot restore",
+                        self.model_config.architectures[0] if self.model_config.architectures
+                        else "the model")
+            cc.enable_prefix_caching = False

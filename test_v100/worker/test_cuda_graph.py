@@ -34,7 +34,8 @@ def stub_runner(model, caches, device, block_size, max_model_len, max_seq_len_to
         model=model, kv_caches=caches, device=device, block_size=block_size,
         model_config=SimpleNamespace(max_model_len=max_model_len,
                                      max_seq_len_to_capture=max_seq_len_to_capture),
-        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(cuda_graph_sizes=None)))
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(cuda_graph_sizes=None),
+                                    cache_config=SimpleNamespace(num_state_slots=0)))
 
 
 def test_which_steps_replay_a_graph():

@@ -99,3 +99,20 @@ def test_logits_hidden_skips_the_gather_only_where_it_is_the_identity():
         assert inp.logits_rows_identity is identity
         rows = inp.logits_hidden(hidden[:inp.num_tokens])
         assert torch.equal(rows, hidden[:inp.num_tokens][inp.logits_indices])
+
+
+def test_state_slots_follow_the_rows_and_leave_the_rest_unchanged():
+    batch = [scheduled(list(range(10, 19)), 8, 1, [3, 5, 9]),
+             scheduled(list(range(30, 43)), 0, 13, [1, 2, 4, 6]),
+             scheduled([1, 2, 3], 0, 3, [11])]
+    for s, slot in zip(batch, (4, 1, 7)):
+        s.state_slot = slot
+    inp = prepare_inputs(batch, 4, torch.device("cpu"))
+    md = inp.attn_metadata
+    assert md.state_slots.dtype == torch.int32 and md.state_slots.tolist() == [4, 1, 7]
+    ref = build_attn_metadata([8, 0, 0], [1, 13, 3], [s.block_ids for s in batch], 4,
+                              state_slots=[4, 1, 7])
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "state_slots"):
+        assert torch.equal(getattr(md, name), getattr(ref, name)), name
+    assert prepare_inputs([scheduled([5], 0, 1, [2])], 4,
+                          torch.device("cpu")).attn_metadata.state_slots is None

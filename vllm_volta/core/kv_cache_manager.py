@@ -36,9 +36,15 @@ class KVCacheManager:
     batch's KV before attending) can share them.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 num_state_slots: int = 0) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # Recurrent-state slots (hybrid models; core/kv_cache_spec.py MambaSpec): one per
+        # running request, taken with its first blocks, returned with them. Slot 0 is scratch.
+        self._free_state_slots = list(range(num_state_slots - 1, 0, -1))
+        self._req_to_state_slot: dict[str, int] = {}
+        self.has_state_slots = num_state_slots > 0
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Same tables as plain ids (read every step for every running request).
@@ -110,6 +116,10 @@ class KVCacheManager:
                         > self._num_cached_blocks.get(request.request_id, 0)):
                     self._cache_full_blocks(request, req_blocks, total_tokens)
                 return []
+        if self.has_state_slots and request.request_id not in self._req_to_state_slot:
+            if not self._free_state_slots:
+                return None
+            self._req_to_state_slot[request.request_id] = self._free_state_slots.pop()
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
@@ -120,6 +130,7 @@ class KVCacheManager:
         if num_new_blocks > self.pool.get_num_free_blocks() - num_free_hits:
             if not req_blocks:
                 del self.req_to_blocks[request.request_id]
+                self._release_state_slot(request.request_id)
             return None
         self.pool.touch(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(0, num_new_blocks))
@@ -155,9 +166,19 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks (tail first, so shared prefixes live longest)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self._release_state_slot(request.request_id)
         self._req_to_block_ids.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
+
+    def _release_state_slot(self, request_id: str) -> None:
+        slot = self._req_to_state_slot.pop(request_id, None)
+        if slot is not None:
+            self._free_state_slots.append(slot)
+
+    def get_state_slot(self, request_id: str) -> int:
+        """The request's recurrent-state slot, -1 when the model keeps none."""
+        return self._req_to_state_slot.get(request_id, -1)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table. Not a copy, but never changed in place (an allocation

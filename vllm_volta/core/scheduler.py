@@ -36,6 +36,8 @@ class ScheduledRequest:
     # The tokens this step runs (self-contained for remote workers). PENDING_TOKEN marks
     # a token the previous step sampled that is still on the device (async scheduling).
     token_ids: list[int]
+    # The request's recurrent-state slot (hybrid models), -1 when the model keeps none.
+    state_slot: int = -1
 
     @property
     def req_id(self) -> str:
@@ -43,7 +45,7 @@ class ScheduledRequest:
 
     @classmethod
     def make(cls, request: Request, num_new_tokens: int, num_computed_tokens: int,
-             block_ids: list[int]) -> ScheduledRequest:
+             block_ids: list[int], state_slot: int = -1) -> ScheduledRequest:
         # Plain attribute reads and positional arguments: the scheduler calls this once per
         # request per step.
         end = num_computed_tokens + num_new_tokens
@@ -52,7 +54,7 @@ class ScheduledRequest:
         if len(tokens) < num_new_tokens:
             tokens += [PENDING_TOKEN] * (num_new_tokens - len(tokens))
         return cls(request, num_new_tokens, num_computed_tokens, block_ids,
-                   end == len(known) + request.num_pending, tokens)
+                   end == len(known) + request.num_pending, tokens, state_slot)
 
 
 PENDING_TOKEN = -1  # token ids are validated non-negative
@@ -111,10 +113,11 @@ class Scheduler:
     """Decides each step's batch; owns the request queues and the KV cache manager."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
-                 enable_prefix_caching: bool) -> None:
+                 enable_prefix_caching: bool, num_state_slots: int = 0) -> None:
         self.config = config
         self.max_model_len = config.max_model_len
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching,
+                                               num_state_slots)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -219,8 +222,11 @@ class Scheduler:
         """Add the request's share of the step and advance it: its computed tokens count
         the step's inputs from now on, and a sampled token is pending until the step's
         output is applied (update_from_output) or rolled back (step_failed)."""
+        kv = self.kv_cache_manager
+        rid = request.request_id
         sched = ScheduledRequest.make(request, num_new, request.num_computed_tokens,
-                                      self.kv_cache_manager.get_block_ids(request.request_id))
+                                      kv.get_block_ids(rid),
+                                      kv.get_state_slot(rid) if kv.has_state_slots else -1)
         out.scheduled.append(sched)
         out.total_num_scheduled_tokens += num_new
         request.num_computed_tokens += num_new
@@ -250,11 +256,14 @@ class Scheduler:
         """The step of `out` raised: its KV was not (fully) written, so blocks registered
         for prefix caching at scheduling time must not be shared. Requests go back to
         where they were before the step; the caller decides whether to retry or abort them."""
+        # A recurrent state the failed step may have half-updated cannot be rolled back: those
+        # requests recompute from the start (an empty state), as after a preemption.
+        restart = self.kv_cache_manager.has_state_slots
         for sched in out.scheduled:
             request = sched.request
             request.num_pending -= sched.samples
             if request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens = sched.num_computed_tokens
+                request.num_computed_tokens = 0 if restart else sched.num_computed_tokens
             self.kv_cache_manager.uncache_uncomputed(request, sched.num_computed_tokens)
 
     # ---- results ------------------------------------------------------------

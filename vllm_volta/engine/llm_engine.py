@@ -57,7 +57,7 @@ class LLMEngine:
             raise
         cc = vllm_config.cache_config
         self.scheduler = Scheduler(vllm_config.scheduler_config, num_blocks, cc.block_size,
-                                   cc.enable_prefix_caching)
+                                   cc.enable_prefix_caching, cc.num_state_slots)
         self._groups: dict[str, RequestGroup] = {}
         # What step() reports for a request that advanced: its cumulative RequestOutput by
         # default; the engine core process reports deltas instead (core_outputs.py).

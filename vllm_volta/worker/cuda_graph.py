@@ -11,7 +11,8 @@ captured through the CUDA driver API (worker/driver_graph.py: torch.cuda.CUDAGra
 every replay once a process has captured four graphs with it), or with torch.cuda.CUDAGraph
 where that path is unavailable or VLLM_VOLTA_CUDA_GRAPH_CAPTURE=torch. The
 attention backend must be capturable (class attribute `supports_cuda_graphs`): no host
-synchronisation, no shape that depends on tensor values. The metadata int baked into the
+synchronisation, no shape that depends on tensor values; models with a recurrent state (hybrid
+models) read it from a static per-row slot buffer, padding rows from scratch slot 0. The metadata int baked into the
 graphs, max_seq_len, is min(max_model_len, max_seq_len_to_capture) (kernels size their
 context split by it); steps with a longer context run eagerly. Host-side metadata fields
 (query_start_loc_cpu, seq_lens_cpu) are placeholders in graph mode.
@@ -68,6 +69,10 @@ class CudaGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_table = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        # Hybrid models: each row's recurrent-state slot; padding rows use scratch slot 0 (their
+        # 1-token context means they start from an empty state and their output is dropped).
+        self.state_slots = (torch.zeros(n, dtype=torch.int32, device=device)
+                            if runner.vllm_config.cache_config.num_state_slots else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph | DriverGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -93,6 +98,7 @@ class CudaGraphRunner:
             max_seq_len=self.max_seq_len,
             query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
             seq_lens_cpu=torch.ones(size, dtype=torch.int32),
+            state_slots=None if self.state_slots is None else self.state_slots[:size],
         )
 
     @torch.inference_mode()
@@ -138,11 +144,15 @@ class CudaGraphRunner:
         size = self.padded_size(num)
         ops.stage_decode_inputs(self.token_table, self.seq_lens, self.block_table, inp.token_table,
                                 md.seq_lens, md.block_table, inp.replace_ids)
+        if self.state_slots is not None:
+            self.state_slots[:num].copy_(md.state_slots, non_blocking=True)
         stale = min(size, self._num_dirty)
         if stale > num:
             self.token_table[:, num:stale].copy_(self._pad_tokens.expand(3, stale - num))
             self.seq_lens[num:stale].fill_(1)
             self.block_table[num:stale, 0].zero_()
+            if self.state_slots is not None:
+                self.state_slots[num:stale].zero_()
         # Rows [num, stale) are clean now; rows past `size` keep whatever they held.
         self._num_dirty = self._num_dirty if self._num_dirty > size else num
         return size

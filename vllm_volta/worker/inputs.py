@@ -89,14 +89,17 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
 
     # One buffer, one host->device copy. int64 part: [3, T] token table (ids, positions, slots)
     # | logits_indices [N padded]; then the int32 part: query_start_loc [B+1] | seq_lens [B] |
-    # block_table [B, max_blocks]. Every part starts on a 16-byte boundary (kernels may use
-    # vector loads).
+    # (hybrid models: state_slots [B] |) block_table [B, max_blocks]. Every part starts on a
+    # 16-byte boundary (kernels may use vector loads).
     row = _align(num_tokens, 2)  # each token-table row 16-byte aligned
     li_at = 3 * row
     num_logits = padded_logits_rows(len(sample_rows))
     i32_at = _align(li_at + num_logits, 2)  # in int64 entries
     sl_at = _align(num_seqs + 1, 4)
-    bt_at = sl_at + _align(num_seqs, 4)
+    # Hybrid models: each sequence's recurrent-state slot, after seq_lens.
+    has_state = num_seqs > 0 and scheduled[0].state_slot >= 0
+    ss_at = sl_at + _align(num_seqs, 4)
+    bt_at = ss_at + (_align(num_seqs, 4) if has_state else 0)
     num32 = bt_at + num_seqs * max_blocks
     packed = np.zeros(i32_at + -(-num32 // 2), np.int64)
     packed32 = packed[i32_at:].view(np.int32)[:num32]
@@ -104,6 +107,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     np.cumsum(num_new, out=qsl[1:])
     seq_lens = packed32[sl_at:sl_at + num_seqs]
     seq_lens[:] = num_computed + num_new
+    if has_state:
+        packed32[ss_at:ss_at + num_seqs] = [s.state_slot for s in scheduled]
     block_table = packed32[bt_at:].reshape(num_seqs, max_blocks)
     (block_tables or BlockTableCache()).fill([s.block_ids for s in scheduled], num_blocks,
                                              block_table)
@@ -138,6 +143,7 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         max_seq_len=int(seq_lens.max()) if num_seqs else 0,
         query_start_loc_cpu=host32[:num_seqs + 1],
         seq_lens_cpu=host32[sl_at:sl_at + num_seqs],
+        state_slots=dev32[ss_at:ss_at + num_seqs] if has_state else None,
     )
     return ModelInput(
         input_ids=dev_table[0],

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 
 from vllm_volta.config import VllmConfig
+from vllm_volta.core.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, allocate_caches, block_bytes,
+                                           has_recurrent_state, state_slot_bytes)
 from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, SchedulerOutput
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import init_logger
@@ -131,26 +133,30 @@ class ModelRunner:
             dtype=self.dtype, head_size=self.model_config.get_head_size())
         self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        """What each layer keeps (core/kv_cache_spec.py): the model's own list where it has one
+        (per-layer shapes, recurrent state), else the same paged cache for every layer."""
+        if hasattr(self.model, "kv_cache_specs"):
+            return self.model.kv_cache_specs()
         mc = self.model_config
-        tp = get_tensor_model_parallel_world_size()
         # This rank's kv heads (replicated when there are fewer heads than ranks).
-        kv_heads = max(mc.get_num_kv_heads() // tp, 1)
-        return (2, num_blocks, self.block_size, kv_heads, mc.get_head_size())
+        kv_heads = max(mc.get_num_kv_heads() // get_tensor_model_parallel_world_size(), 1)
+        return [FullAttentionSpec(kv_heads, mc.get_head_size(), self.dtype)] * mc.get_num_layers()
 
     def kv_cache_block_bytes(self) -> int:
         """Bytes one block takes across all layers (keys and values)."""
-        per_layer = 1
-        for dim in self.kv_cache_shape(1):
-            per_layer *= dim
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return per_layer * itemsize * self.model_config.get_num_layers()
+        return block_bytes(self.kv_cache_specs(), self.block_size)
 
-    def allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
-        # Zeros, not empty: padded attention reads masked slots, and 0 * NaN garbage is NaN.
-        shape = self.kv_cache_shape(num_blocks)
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                for _ in range(self.model_config.get_num_layers())]
+    def state_pool_bytes(self) -> int:
+        """Bytes of the recurrent-state pool (hybrid models; 0 otherwise)."""
+        return (state_slot_bytes(self.kv_cache_specs())
+                * self.vllm_config.cache_config.num_state_slots)
+
+    def allocate_kv_caches(self, num_blocks: int, num_state_slots: int | None = None) -> list:
+        if num_state_slots is None:
+            num_state_slots = self.vllm_config.cache_config.num_state_slots
+        return allocate_caches(self.kv_cache_specs(), num_blocks, self.block_size,
+                               num_state_slots, self.device)
 
     def initialize_kv_caches(self, num_blocks: int) -> None:
         self.kv_caches = self.allocate_kv_caches(num_blocks)
@@ -363,7 +369,8 @@ class ModelRunner:
         seq_len = min(self.model_config.max_model_len, num_tokens)
         num_seqs = -(-num_tokens // seq_len)
         blocks_per_seq = -(-seq_len // self.block_size)
-        caches = self.allocate_kv_caches(num_seqs * blocks_per_seq + 1)
+        hybrid = has_recurrent_state(self.kv_cache_specs())
+        caches = self.allocate_kv_caches(num_seqs * blocks_per_seq + 1, num_seqs + 1 if hybrid else 0)
         num_computed, num_new, block_ids = [], [], []
         for i in range(num_seqs):
             n = min(seq_len, num_tokens - i * seq_len)
@@ -371,7 +378,8 @@ class ModelRunner:
             num_new.append(n)
             block_ids.append(list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
         from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
-        md = build_attn_metadata(num_computed, num_new, block_ids, self.block_size, self.device)
+        md = build_attn_metadata(num_computed, num_new, block_ids, self.block_size, self.device,
+                                 state_slots=list(range(1, num_seqs + 1)) if hybrid else None)
         positions = compute_positions(num_computed, num_new).to(self.device)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, positions, caches, md, final_norm=False)

@@ -71,6 +71,17 @@ class Worker:
         else:
             budget = cache_config.cpu_kvcache_bytes()
             what = f"the CPU KV-cache budget is {budget / 2**30:.2f} GiB"
+        state_bytes = self.model_runner.state_pool_bytes()
+        if state_bytes:
+            slots = cache_config.num_state_slots
+            if state_bytes >= budget:
+                raise ValueError(
+                    f"No room for the recurrent state of {slots - 1} requests "
+                    f"({state_bytes / 2**30:.2f} GiB): {what}. Lower max_num_seqs or raise "
+                    f"gpu_memory_utilization / cpu_kvcache_space.")
+            logger.info("Recurrent-state pool: %d slots (max_num_seqs %d + 1 scratch), %.3f GiB "
+                        "taken from the KV-cache budget", slots, slots - 1, state_bytes / 2**30)
+            budget -= state_bytes
         num_blocks = budget // block_bytes
         if self.world_size > 1:  # every rank must hold the same number of blocks
             num_blocks = self._min_over_ranks(num_blocks)
@@ -148,7 +159,11 @@ class Worker:
             return
         from vllm_volta.worker.cuda_graph import CudaGraphRunner
         runner.graph_runner = CudaGraphRunner.capture(runner, max_num_seqs)
-        if self.vllm_config.model_config.cudagraph_mode == "FULL_AND_PIECEWISE":
+        if self.vllm_config.cache_config.num_state_slots:
+            logger.info("Piecewise CUDA graphs off: the linear-attention layers of %s run their "
+                        "prefill per sequence; decode steps replay full graphs",
+                        type(runner.model).__name__)
+        elif self.vllm_config.model_config.cudagraph_mode == "FULL_AND_PIECEWISE":
             from vllm_volta.worker.piecewise_graph import PiecewiseGraphRunner
             runner.piecewise_runner = PiecewiseGraphRunner.capture(
                 runner, self.vllm_config.scheduler_config.max_num_batched_tokens,
