@@ -7,7 +7,7 @@
 namespace vllm_volta {
 
 // Head sizes the paged decode kernel is instantiated for (csrc/attention_kernels.cu).
-inline bool paged_attention_supports_head_size(int64_t d) { return d == 64 || d == 96 || d == 128 || d == 256; }
+inline bool paged_attention_supports_head_size(int64_t d) { return d == 64 || d == 96 || d == 128 || d == 256 || d == 512; }
 
 // The longest partition_size the decode op takes (the CUDA-core kernel keeps a partition's
 // scores in shared memory without opting in to more than 48 KiB).
@@ -99,7 +99,7 @@ inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& 
   VLLM_VOLTA_CHECK(num_heads > 0 && num_heads % cache.num_kv_heads == 0, op, ": num_heads (", num_heads,
                   ") must be a positive multiple of the cache's num_kv_heads (", cache.num_kv_heads, ")");
   VLLM_VOLTA_CHECK(paged_attention_supports_head_size(cache.head_size), op, ": head_size ", cache.head_size,
-                  " is not supported (supported: 64, 96, 128, 256)");
+                  " is not supported (supported: 64, 96, 128, 256, 512)");
   check_same_dtype(op, "out", out, query, "query");
   check_same_device(op, "out", out, query, "query");
   check_same_shape(op, "out", out, query, "query");

@@ -30,7 +30,8 @@ void dispatch_head_size(int64_t d, F&& f) {
     case 64: return f(IntTag<64>{});
     case 96: return f(IntTag<96>{});
     case 128: return f(IntTag<128>{});
-    default: return f(IntTag<256>{});
+    case 256: return f(IntTag<256>{});
+    default: return f(IntTag<512>{});  // Gemma 4's full-attention layers
   }
 }
 

@@ -70,6 +70,13 @@ DECODE_CASES = [
     (torch.float16, 128, 24, 2, [50, 700], 128, 256),  # GQA 12 -> 2 blocks of 6 heads per KV head
     (torch.float16, 128, 16, 1, [260], 64, 64),  # MQA 16 -> 2 blocks of 8 heads per KV head
     (torch.float16, 256, 16, 2, [200, 513], 128, 128),  # GQA 8 -> 8 heads/block
+    # head size 512 (Gemma 4's full layers: 4 KV heads, GQA 8): tensor cores with fewer warps
+    # where the tiles do not fit shared memory, CUDA cores for a half-tile partition and FP32
+    (torch.float16, 512, 32, 4, [1, 100, 1500], 256, 128),
+    (torch.float16, 512, 8, 1, [3000], 1024, 256),
+    (torch.float16, 512, 4, 2, [70, 400], 48, 128),
+    (torch.float32, 512, 4, 2, [33, 600], 512, 128),
+    (torch.bfloat16, 512, 16, 2, [90, 1100], 512, 128),
     # grids of several waves of resident blocks; at the longest tuned partition the launcher may
     # split the context into fewer, longer partitions (2 of 1504 tokens here)
     (torch.float16, 128, 32, 8, [1100] * 40 + [5, 700], 256, 128),

@@ -37,7 +37,7 @@ from vllm_volta.logger import info_once, init_logger
 if TYPE_CHECKING:
     from vllm_volta.platforms.interface import DeviceCapability
 
-SUPPORTED_HEAD_SIZES = (64, 96, 128, 256)
+SUPPORTED_HEAD_SIZES = (64, 96, 128, 256, 512)
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 _LAUNCH_KEYS = ("partition_size", "num_threads")
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
