@@ -87,6 +87,8 @@ def test_prefill_kernel_choice():
     assert kernel == "efficient" and "fp16/bf16" in why
     expected = "flash" if torch.backends.cuda.is_flash_attention_available() else "efficient"
     assert choose_prefill_kernel(DeviceCapability(8, 0), fp16)[0] == expected
+    kernel, why = choose_prefill_kernel(DeviceCapability(9, 0), fp16, head_size=512)
+    assert kernel == "efficient" and "512" in why
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

@@ -76,8 +76,11 @@ def default_launch_config(num_seqs: int, num_heads: int, num_kv_heads: int, num_
     return {"partition_size": 1024, "num_threads": 192}
 
 
-def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtype) -> tuple[str, str]:
+def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtype,
+                          head_size: int = 128) -> tuple[str, str]:
     """("flash" or "efficient", why) for prefill attention on a device of `capability`."""
+    if head_size > 256:
+        return "efficient", f"head size {head_size} is above FlashAttention's 256"
     if capability is None or capability.major < 8:
         return "efficient", f"compute capability {capability} is below 8.0 (FlashAttention needs SM80+)"
     if dtype not in (torch.float16, torch.bfloat16):
@@ -350,7 +353,7 @@ class VoltaPagedImpl(AttentionImplBase):
             from vllm_volta.platforms import current_platform
 
             capability = current_platform.get_device_capability(q.device.index or 0)
-            self.prefill_kernel, why = choose_prefill_kernel(capability, q.dtype)
+            self.prefill_kernel, why = choose_prefill_kernel(capability, q.dtype, self.head_size)
             name = "FlashAttention" if self.prefill_kernel == "flash" else "memory-efficient attention"
             info_once(logger, "VOLTA_PAGED prefill: %s (%s)", name, why)
             if self.logits_soft_cap is not None:
