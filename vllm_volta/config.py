@@ -20,7 +20,8 @@ logger = init_logger(__name__)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # vLLM's --quantization values we run, and the checkpoint format each one means (the Marlin
 # variants name kernels Volta does not have: the same checkpoints run on ours).
-_QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "gguf": "gguf"}
+_QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "gguf": "gguf",
+                         "compressed-tensors": "compressed-tensors"}
 # Model types whose activations exceed float16's range (trained in bfloat16; vLLM keeps them off
 # float16 too): "auto" never picks float16 for them.
 _FLOAT16_OVERFLOWS = ("gemma2", "gemma3", "gemma3_text")
@@ -156,7 +157,7 @@ class ModelConfig:
         if self.load_format == "gguf" or str(self.model_path).endswith(".gguf"):
             have = "gguf"
         else:
-            have = None if found is None else ("awq" if found.source == "awq" else "gptq")
+            have = None if found is None else found.quant_method
         if asked != have:
             raise ValueError(f"quantization={self.quantization!r}, but the checkpoint is "
                              f"{'not quantized' if have is None else have + '-quantized'} "
@@ -207,11 +208,26 @@ class ModelConfig:
     def get_num_attention_heads(self) -> int:
         return self.text_config.num_attention_heads
 
+    def _per_layer(self, name: str) -> list[Any] | None:
+        """A setting that varies by layer (Gemma 4's ``per_layer_config``, where a global read of
+        it raises), one value per layer; None for models whose layers are alike."""
+        layers = getattr(self.text_config, "per_layer_config", None)
+        return [getattr(layer, name) for layer in layers] if layers else None
+
     def get_num_kv_heads(self) -> int:
+        """KV heads (the largest count of any layer where they vary)."""
+        per_layer = self._per_layer("num_key_value_heads")
+        if per_layer:
+            return max(per_layer)
         kv = getattr(self.text_config, "num_key_value_heads", None)
         return kv or self.get_num_attention_heads()
 
     def get_head_size(self) -> int:
+        """The head size (the largest of any layer where they vary: the attention backend must
+        run it)."""
+        per_layer = self._per_layer("head_dim")
+        if per_layer:
+            return max(per_layer)
         head_dim = getattr(self.text_config, "head_dim", None)
         if head_dim:
             return head_dim

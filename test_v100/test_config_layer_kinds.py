@@ -1,4 +1,5 @@
-"""Hybrid models (linear-attention layers with a recurrent state): state slots, no prefix caching."""
+"""Models whose layers differ: linear-attention layers with a recurrent state (state slots, no
+prefix caching) and per-layer head sizes."""
 from __future__ import annotations
 
 import transformers
@@ -26,3 +27,12 @@ def test_other_models_keep_prefix_caching_and_no_slots():
     vc = VllmConfig(mc, CacheConfig(enable_prefix_caching=True))
     assert not mc.has_recurrent_state
     assert vc.cache_config.num_state_slots == 0 and vc.cache_config.enable_prefix_caching
+
+
+def test_per_layer_head_sizes_are_read_per_layer():
+    cfg = transformers.Gemma4TextConfig(hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=100, head_dim=16,
+                                        global_head_dim=32, max_position_embeddings=256)
+    mc = ModelConfig(model="tiny", hf_config=cfg, dtype="float32")
+    assert mc.get_head_size() == max(layer.head_dim for layer in cfg.per_layer_config) == 32
+    assert mc.get_num_kv_heads() == max(layer.num_key_value_heads for layer in cfg.per_layer_config)
