@@ -37,8 +37,10 @@ def test_config():
     cfg = transformers.LlamaConfig(**TINY)
     cfg.quantization_config = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False}
     assert get_quant_config(cfg) == AWQConfig(32, source="gptq")
-    for bad, match in (({"desc_act": True}, "desc_act: GPTQ in activation order"),
-                       ({"bits": 8}, "bits: GPTQ with 8 bits"), ({"group_size": -1}, "per-channel GPTQ"),
+    for other, layout in (({"desc_act": True}, "rows"), ({"bits": 8}, "rows"), ({"group_size": -1}, "awq")):
+        cfg.quantization_config = {"quant_method": "gptq", "bits": 4, "group_size": 32} | other
+        assert get_quant_config(cfg).layout == layout  # packed_int.py (test_gptq_packed.py)
+    for bad, match in (({"bits": 3}, "bits: GPTQ with 3 bits"), ({"group_size": 0}, "group_size must be"),
                        ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'")):
         cfg.quantization_config = {"quant_method": "gptq", "bits": 4, "group_size": 32} | bad
         with pytest.raises(ValueError, match=match):

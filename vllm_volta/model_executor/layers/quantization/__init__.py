@@ -1,8 +1,10 @@
 """Quantized weights: the checkpoint's ``quantization_config`` picks a method, and the linear layers
 built while ``quantization(config)`` is active hold that method's tensors instead of a dense weight.
 
-Supported: AWQ 4-bit (awq.py) and GPTQ 4-bit (gptq.py: repacked to AWQ's layout at load). The
-lm_head, embeddings and norms stay dense, as in the checkpoints.
+Supported: AWQ 4-bit (awq.py), GPTQ 4 / 8-bit with or without activation order (gptq.py) and
+compressed-tensors W4A16 / W8A16 (compressed_tensors.py); 4-bit weights in contiguous groups run
+in AWQ's layout, the others through packed_int.py. The lm_head, embeddings and norms stay dense,
+as in the checkpoints.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig
+from vllm_volta.model_executor.layers.quantization.compressed_tensors import compressed_tensors_config
 from vllm_volta.model_executor.layers.quantization.gptq import gptq_config
+from vllm_volta.model_executor.layers.quantization.packed_int import PackedIntConfig
 
-SUPPORTED_QUANTIZATION = ("awq", "gptq")
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors")
 _current: list[AWQConfig | None] = [None]
 
 
-def get_quant_config(hf_config: Any) -> AWQConfig | None:
+def get_quant_config(hf_config: Any) -> AWQConfig | PackedIntConfig | None:
     """The quantization of a checkpoint's config (its ``quantization_config``), None when dense;
     ValueError naming the method when it is not supported."""
     text_config = getattr(hf_config, "text_config", None)
@@ -31,6 +35,8 @@ def get_quant_config(hf_config: Any) -> AWQConfig | None:
         return AWQConfig.from_config(qc)
     if method == "gptq":
         return gptq_config(qc)
+    if method == "compressed-tensors":
+        return compressed_tensors_config(qc)
     raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
                      f"supported: {', '.join(SUPPORTED_QUANTIZATION)}")
 

@@ -54,6 +54,11 @@ class AWQConfig:
                              "is not supported (every linear layer must be quantized)")
         return cls(group)
 
+    @property
+    def quant_method(self) -> str:
+        """The checkpoint's ``quant_method``: "awq", or "gptq" for GPTQ tensors repacked here."""
+        return "awq" if self.source == "awq" else "gptq"
+
     def describe(self) -> str:
         if self.source == "awq":
             return f"AWQ 4-bit, group size {self.group_size}"
@@ -117,7 +122,15 @@ def _int_param(*shape: int) -> nn.Parameter:
 
 
 class AWQLinearMethod:
-    """Creates a linear layer's AWQ tensors and computes x W with them."""
+    """Creates a linear layer's AWQ tensors and computes x W with them.
+
+    The linear layers make their method as ``AWQLinearMethod(config)``; a config of another
+    format (one with ``get_quant_method``, e.g. packed_int.PackedIntConfig) gets its own method."""
+
+    def __new__(cls, config: Any) -> Any:
+        if cls is AWQLinearMethod and not isinstance(config, AWQConfig):
+            return config.get_quant_method()
+        return super().__new__(cls)
 
     def __init__(self, config: AWQConfig) -> None:
         self.config = config
@@ -144,25 +157,36 @@ class AWQLinearMethod:
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""
-        from vllm_volta import _custom_ops as ops
-
-        if _cuda_kernels(layer.qweight.device, dtype):
-            out = torch.empty(layer.qweight.shape[0], layer.scales.shape[1], dtype=dtype, device=layer.qweight.device)
-            ops.awq_dequantize(out, layer.qweight, layer.qzeros, layer.scales.to(dtype))
-            return out
-        return dequantize_torch(layer.qweight, layer.qzeros, layer.scales, self.config.group_size, dtype)
+        return awq_dense_weight(layer.qweight, layer.qzeros, layer.scales, self.config.group_size, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W + bias [..., N]."""
-        from vllm_volta import _custom_ops as ops
+        return awq_matmul(x, layer.qweight, layer.qzeros, layer.scales, self.config.group_size, bias)
 
-        rows = x.reshape(-1, x.shape[-1])
-        if (rows.shape[0] <= GEMV_MAX_ROWS and layer.scales.dtype == torch.float16
-                and _cuda_kernels(x.device, x.dtype)):
-            out = torch.empty(rows.shape[0], layer.scales.shape[1], dtype=x.dtype, device=x.device)
-            ops.awq_gemv(out, rows.contiguous(), layer.qweight, layer.qzeros, layer.scales)
-        else:
-            out = rows @ self.dense_weight(layer, x.dtype)
-        if bias is not None:
-            out += bias
-        return out.view(*x.shape[:-1], out.shape[-1])
+
+def awq_dense_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """W [K, N] in ``dtype`` from AWQ-layout tensors: awq_dequantize on a GPU, else PyTorch ops."""
+    from vllm_volta import _custom_ops as ops
+
+    if _cuda_kernels(qweight.device, dtype):
+        out = torch.empty(qweight.shape[0], scales.shape[1], dtype=dtype, device=qweight.device)
+        ops.awq_dequantize(out, qweight, qzeros, scales.to(dtype))
+        return out
+    return dequantize_torch(qweight, qzeros, scales, group_size, dtype)
+
+
+def awq_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+               group_size: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] -> x W + bias [..., N] with W in AWQ's layout (any format repacked to it)."""
+    from vllm_volta import _custom_ops as ops
+
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] <= GEMV_MAX_ROWS and scales.dtype == torch.float16 and _cuda_kernels(x.device, x.dtype):
+        out = torch.empty(rows.shape[0], scales.shape[1], dtype=x.dtype, device=x.device)
+        ops.awq_gemv(out, rows.contiguous(), qweight, qzeros, scales)
+    else:
+        out = rows @ awq_dense_weight(qweight, qzeros, scales, group_size, x.dtype)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], out.shape[-1])
