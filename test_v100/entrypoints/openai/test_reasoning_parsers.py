@@ -47,4 +47,4 @@ def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
 
 
 def test_parsers_by_name():
-    assert sorted(REASONING_PARSERS) == ["deepseek_r1", "qwen3"]
+    assert sorted(REASONING_PARSERS) == ["deepseek_r1", "gemma4", "qwen3"]

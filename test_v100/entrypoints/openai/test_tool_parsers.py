@@ -99,7 +99,7 @@ def test_mistral():
 
 
 def test_parsers_by_name():
-    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "mistral", "pythonic"]
+    assert sorted(TOOL_PARSERS) == ["gemma4", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"]
     assert isinstance(PARSER.streamer(), StreamingToolCalls)
 
 

@@ -11,6 +11,11 @@
 - ``mistral``: Mistral's ``[TOOL_CALLS]`` special token, then a JSON list of
   ``{"name": ..., "arguments": {...}}`` (tokenizer v3: Mistral 7B v0.3, Nemo), or one or more
   ``[TOOL_CALLS]name[ARGS]{...}`` (tokenizer v11 and later: Mistral Small 3.2, Devstral).
+- ``qwen3_coder``: Qwen3-Coder, Qwen3-Next, Qwen3.5: ``<tool_call><function=NAME>`` with one
+  ``<parameter=KEY>`` tag per argument, typed by the request's tool schema
+  (``tool_parsers_qwen3_coder``); its calls stream argument by argument.
+- ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:value,...}<tool_call|>`` in Gemma's own value
+  notation (``tool_parsers_gemma4``); its calls stream argument by argument.
 
 An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
 parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
@@ -23,19 +28,10 @@ from __future__ import annotations
 import ast
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+from vllm_volta.entrypoints.openai.tool_call_stream import ToolCall, partial_suffix
+from vllm_volta.entrypoints.openai.tool_parsers_gemma4 import Gemma4ToolParser
+from vllm_volta.entrypoints.openai.tool_parsers_qwen3_coder import Qwen3CoderToolParser
 
 
 class HermesToolParser:
@@ -246,14 +242,6 @@ class StreamingToolCalls:
         return content, calls
 
 
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
 class NamedToolCall:
     """tool_choice naming a function: the output, constrained to the function's parameters
     schema, is the call's arguments. As OpenAI, such a response keeps finish_reason "stop"."""
@@ -315,9 +303,18 @@ class WholeOutputToolCalls:
         return content or "", calls
 
 
-ToolParser = (HermesToolParser | Llama3JsonToolParser | PythonicToolParser | MistralToolParser | NamedToolCall
-              | RequiredToolCalls)
+def bind_tools(parser: ToolParser, tools: list[dict] | None) -> ToolParser:
+    """`parser` for one request: formats that write values as text read their types from the
+    request's tools (``for_request``); the others are shared as they are."""
+    for_request = getattr(parser, "for_request", None)
+    return for_request(tools) if for_request is not None else parser
+
+
+ToolParser = (HermesToolParser | Llama3JsonToolParser | PythonicToolParser | MistralToolParser | Qwen3CoderToolParser
+              | Gemma4ToolParser | NamedToolCall | RequiredToolCalls)
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser,
                                              "llama3_json": Llama3JsonToolParser,
                                              "pythonic": PythonicToolParser,
-                                             "mistral": MistralToolParser}
+                                             "mistral": MistralToolParser,
+                                             "qwen3_coder": Qwen3CoderToolParser,
+                                             "gemma4": Gemma4ToolParser}
