@@ -116,6 +116,15 @@ def _parse_graph_capture(value: str | None) -> str:
     return value.lower()
 
 
+def _parse_fault_steps(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS={value!r} is not a step count; "
+                         "expected a non-negative integer")
+    return int(value)
+
+
 def _parse_backend_name(value: str | None) -> str | None:
     # Names are validated against the registry by the selector, which knows the full list.
     return None if value is None else value.upper()
@@ -181,6 +190,13 @@ ENV_VARS: dict[str, EnvVar] = {
             "vllm_volta/worker/driver_graph.py) or torch (torch.cuda.CUDAGraph, also the fallback "
             "where the driver path is not available).",
             _parse_graph_capture,
+        ),
+        EnvVar(
+            "VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS",
+            "For testing how a server survives engine death: the server's engine loop fails as a "
+            "dead engine would after this many steps (once; a restarted engine runs normally). "
+            "Unset: never.",
+            _parse_fault_steps,
         ),
     )
 }

@@ -15,7 +15,8 @@ import transformers
 from test_v100.entrypoints.openai.utils import build_tiny_llama
 from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_model_dir
 from vllm_volta.engine.arg_utils import EngineArgs
-from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError, RequestError
+from vllm_volta.engine.async_llm import AsyncLLM, RequestError
+from vllm_volta.engine.engine_errors import EngineDeadError
 from vllm_volta.sampling_params import SamplingParams
 
 PROMPTS = [[5, 9, 13, 2, 7], [3, 3, 8], [11, 4, 6, 1, 1, 9, 20], [17]]
@@ -140,9 +141,15 @@ def test_a_dead_core_fails_the_requests_in_flight(engine_args):
                                                                       ignore_eos=True))
         await stream.__anext__()
         llm.engine._proc.kill()
-        with pytest.raises(EngineLoopError, match="engine core"):
+        with pytest.raises(EngineDeadError, match="engine core"):
             async for _ in stream:
                 pass
+        # The engine is dead, not just this request: new requests fail at once, and the
+        # stats no longer count the request that was running.
+        assert llm.dead is not None and not llm.is_running
+        with pytest.raises(EngineDeadError):
+            await llm.add_request("s", [4, 5], SamplingParams(max_tokens=2))
+        assert llm.get_stats().num_running == 0
 
     try:
         asyncio.run(main())

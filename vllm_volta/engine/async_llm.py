@@ -11,12 +11,15 @@ queue (add / abort / shutdown) and receives outputs through per-request
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from vllm_volta import envs
+from vllm_volta.engine.engine_errors import EngineDeadError, is_fatal
 from vllm_volta.logger import init_logger
 
 logger = init_logger(__name__)
@@ -119,15 +122,34 @@ def _deliver(items: list[tuple[RequestStream, Any]]) -> None:
 
 
 _STOP = object()
+_HEALTH_INTERVAL_S = 0.2  # an idle loop checks the engine this often (a dead core is seen fast)
+
+
+def _idle_stats(stats: Any) -> Any:
+    """Stats of an engine that holds no request (what a dead engine's gauges must show)."""
+    if not dataclasses.is_dataclass(stats):
+        return None
+    return dataclasses.replace(stats, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                               num_free_blocks=stats.num_total_blocks)
 
 
 class AsyncLLM:
     """Asynchronous wrapper that batches all concurrent requests into one LLMEngine."""
 
     def __init__(self, engine: Any, stat_loggers: list[StatLogger] | None = None, *,
-                 owns_engine: bool = False) -> None:
+                 owns_engine: bool = False,
+                 engine_factory: Callable[[], Any] | None = None) -> None:
+        """``engine_factory``: builds a fresh engine when this one dies (a fatal error, see
+        engine_errors.is_fatal); without it a dead engine stays dead (``dead`` is set)."""
         self.engine = engine
         self.owns_engine = owns_engine  # shut the engine down with the loop
+        self.engine_factory = engine_factory
+        self.dead: EngineDeadError | None = None  # why the engine cannot serve (None: it can)
+        self.restarting = False
+        self.num_restarts = 0
+        self._fault_after = envs.VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS  # testing: die at step N
+        self._engine_closed = False
+        self._num_steps = 0
         self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, RequestStream] = {}  # owned by the engine thread
@@ -139,16 +161,22 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: Any, *, engine_process: bool = False,
-                         **kwargs: Any) -> AsyncLLM:
+                         restart_on_failure: bool = False, **kwargs: Any) -> AsyncLLM:
         """Build the engine from ``EngineArgs`` (in this process, or with ``engine_process`` in
-        an engine core process of its own) and start the background loop."""
-        if engine_process:
-            from vllm_volta.engine.core_process import EngineCoreClient
+        an engine core process of its own) and start the background loop. With
+        ``restart_on_failure`` an engine that dies is replaced by a new one."""
 
-            return cls(EngineCoreClient(engine_args), owns_engine=True, **kwargs)
-        from vllm_volta.engine.llm_engine import LLMEngine
+        def build() -> Any:
+            if engine_process:
+                from vllm_volta.engine.core_process import EngineCoreClient
 
-        return cls(LLMEngine.from_engine_args(engine_args), owns_engine=True, **kwargs)
+                return EngineCoreClient(engine_args)
+            from vllm_volta.engine.llm_engine import LLMEngine
+
+            return LLMEngine.from_engine_args(engine_args)
+
+        return cls(build(), owns_engine=True,
+                   engine_factory=build if restart_on_failure else None, **kwargs)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -164,7 +192,8 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._shutdown
+        """True while the engine can take requests (False when dead, restarting or shut down)."""
+        return self._thread.is_alive() and not self._shutdown and self.dead is None
 
     async def add_request(self, request_id: str, prompt: str | list[int],
                           sampling_params: Any) -> RequestStream:
@@ -173,8 +202,10 @@ class AsyncLLM:
         Invalid input raises ``ValueError`` (from the engine) here. The caller must
         iterate the stream to the end or ``close()`` it (which aborts the request).
         """
+        if self.dead is not None:
+            raise EngineDeadError(str(self.dead))
         if self._shutdown:
-            raise RuntimeError("AsyncLLM is shut down")
+            raise EngineDeadError("AsyncLLM is shut down")
         stream = RequestStream(self, request_id)
         added = stream._loop.create_future()  # answered by the engine thread (_settle_adds)
         self._commands.put(("add", request_id, prompt, sampling_params, stream, added))
@@ -203,6 +234,10 @@ class AsyncLLM:
         """Abort a request (thread-safe, non-blocking); its KV blocks are freed."""
         self._commands.put(("abort", request_id))
 
+    def fail_requests(self, exc: BaseException) -> None:
+        """Abort every request in flight and end its stream with ``exc`` (thread-safe)."""
+        self._commands.put(("fail_all", exc))
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the loop thread; pending requests fail with an error."""
         if self._shutdown:
@@ -210,8 +245,8 @@ class AsyncLLM:
         self._shutdown = True
         self._commands.put((_STOP,))
         self._thread.join(timeout)
-        if self.owns_engine and not self._thread.is_alive():
-            self.engine.shutdown()
+        if not self._thread.is_alive():
+            self._close_engine()
 
     # ------------------------------------------------------------- engine thread
     def _read_stats(self) -> Any:
@@ -238,6 +273,9 @@ class AsyncLLM:
                     raise ValueError(f"request_id {request_id!r} is already in use")
                 self.engine.add_request(request_id, prompt, params)
             except Exception as exc:  # bad input fails this request only
+                if is_fatal(exc):
+                    self._adds.append((added, EngineDeadError(f"the engine died: {exc}")))
+                    raise
                 self._adds.append((added, exc))
             else:
                 self._requests[request_id] = stream
@@ -247,8 +285,17 @@ class AsyncLLM:
             if self._requests.pop(request_id, None) is not None:
                 try:
                     self.engine.abort_request([request_id])
-                except Exception:
+                except Exception as exc:
+                    if is_fatal(exc):
+                        raise
                     logger.exception("abort of %s failed", request_id)
+        elif kind == "fail_all":
+            if self._requests:
+                logger.warning("Ending %d requests in flight: %s", len(self._requests), cmd[1])
+                try:
+                    self.engine.abort_request(list(self._requests))
+                finally:
+                    self._fail_all(cmd[1])
         return True
 
     def _drain_commands(self) -> bool:
@@ -257,9 +304,13 @@ class AsyncLLM:
         try:
             while True:
                 try:
-                    cmd = self._commands.get(block=block)
+                    cmd = self._commands.get(block=block,
+                                             timeout=_HEALTH_INTERVAL_S if block else None)
                 except queue.Empty:
-                    return True
+                    if not block:
+                        return True
+                    self._check_health()  # idle: raises if the engine died meanwhile
+                    continue
                 if not self._handle_command(cmd):
                     return False
                 block = False
@@ -268,20 +319,80 @@ class AsyncLLM:
 
     def _run(self) -> None:
         try:
-            while self._drain_commands():
-                if self._requests and self.engine.has_unfinished_requests():
-                    self._step()
-                elif self._requests:  # the engine dropped them silently: never spin on it
-                    self._fail_all(EngineLoopError("the engine lost track of the request"))
-                self._stats = self._read_stats()
+            while True:
+                try:
+                    self._serve()
+                    return  # asked to stop
+                except Exception as exc:  # fatal: the engine cannot serve any more
+                    if not self._recover(exc):
+                        return
         finally:
-            self._fail_all(RuntimeError("AsyncLLM is shut down"))
-            self._fail_queued_adds()
+            error = self.dead or EngineDeadError("AsyncLLM is shut down")
+            self._fail_all(error)
+            self._fail_queued_adds(error)
+
+    def _serve(self) -> None:
+        while self._drain_commands():
+            if self._requests and self.engine.has_unfinished_requests():
+                self._step()
+            elif self._requests:  # the engine dropped them silently: never spin on it
+                self._fail_all(EngineLoopError("the engine lost track of the request"))
+            self._stats = self._read_stats()
+
+    def _check_health(self) -> None:
+        check = getattr(self.engine, "check_health", None)
+        if check is not None:
+            check()
+
+    def _recover(self, exc: Exception) -> bool:
+        """The engine died: fail what is in flight, then start a new engine when a factory
+        was given. Returns whether the loop serves on."""
+        logger.error("The engine died (%s: %s); failing %d requests in flight",
+                     type(exc).__name__, exc, len(self._requests),
+                     exc_info=not isinstance(exc, EngineDeadError))
+        self.dead = exc if isinstance(exc, EngineDeadError) else \
+            EngineDeadError(f"the engine died: {type(exc).__name__}: {exc}")
+        self._stats = _idle_stats(self._stats)
+        self._fail_all(self.dead)
+        self._settle_adds()
+        self._close_engine()
+        if self.engine_factory is None or self._shutdown:
+            return False
+        logger.warning("Starting a new engine (--restart-engine-on-failure)")
+        self.restarting = True
+        try:
+            engine = self.engine_factory()
+        except Exception:
+            logger.exception("The new engine failed to start")
+            return False
+        finally:
+            self.restarting = False
+        self.engine, self._engine_closed = engine, False
+        self.num_restarts += 1
+        self._stats = self._read_stats()
+        self.dead = None
+        logger.info("Engine restarted (%d restart(s) so far); serving again", self.num_restarts)
+        return True
+
+    def _close_engine(self) -> None:
+        if not self.owns_engine or self._engine_closed:
+            return
+        self._engine_closed = True
+        try:
+            self.engine.shutdown()
+        except Exception:  # a dead engine may fail to stop cleanly; it is dropped anyway
+            logger.exception("engine shutdown failed")
 
     def _step(self) -> None:
         try:
+            self._num_steps += 1
+            if self._fault_after is not None and self._num_steps > self._fault_after:
+                self._fault_after = None  # once: a restarted engine serves normally
+                raise EngineDeadError("injected engine fault (VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS)")
             outputs = self.engine.step()
         except Exception as exc:
+            if is_fatal(exc):
+                raise
             # The engine cannot tell which request broke the step: fail the ones in
             # flight, clear them out of the engine, and keep serving new requests.
             logger.exception("engine step failed; failing %d in-flight requests",
@@ -343,12 +454,12 @@ class AsyncLLM:
         _call_on_loops(self._adds, lambda item: item[0].get_loop(), _answer_adds)
         self._adds = []
 
-    def _fail_queued_adds(self) -> None:
+    def _fail_queued_adds(self, error: BaseException) -> None:
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                self._adds.append((cmd[5], RuntimeError("AsyncLLM is shut down")))
+                self._adds.append((cmd[5], EngineDeadError(str(error))))
         self._settle_adds()

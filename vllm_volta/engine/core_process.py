@@ -11,6 +11,7 @@ Protocol over one duplex pipe (pickled tuples):
     core -> client  ("ready", model_config, tokenizer, stats) | ("failed", message)
                     ("step", outputs, stats) | ("step_error", message)
                     ("add_failed", request_id, message) | ("aborted", stats)
+                    | ("fatal", message)  (a failure that ends the core: engine_errors.is_fatal)
     client -> core  ("add", request_id, prompt_token_ids, params) | ("abort", request_ids)
                     | ("shutdown",)
 The client checks and tokenizes a request itself (InputProcessor), so bad input fails at once
@@ -29,6 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from vllm_volta.engine.core_outputs import OutputDecoder, OutputEncoder
+from vllm_volta.engine.engine_errors import EngineDeadError, is_fatal
 from vllm_volta.engine.input_processor import InputProcessor
 from vllm_volta.logger import init_logger
 from vllm_volta.outputs import RequestOutput
@@ -36,7 +38,7 @@ from vllm_volta.outputs import RequestOutput
 logger = init_logger(__name__)
 
 
-class EngineCoreDied(RuntimeError):
+class EngineCoreDied(EngineDeadError):
     """The engine core process exited or its pipe broke."""
 
 
@@ -119,6 +121,9 @@ def _core_main(engine_args: Any, conn: Any) -> None:
                 outputs = engine.step()
             except Exception as exc:
                 logger.exception("engine step failed")
+                if is_fatal(exc):  # the device or a worker is gone: stop, the server decides
+                    writer.send(("fatal", f"{type(exc).__name__}: {exc}"))
+                    return
                 writer.send(("step_error", f"{type(exc).__name__}: {exc}"))
                 continue
             writer.send(("step", outputs, engine.get_stats()))
@@ -171,6 +176,8 @@ class EngineCoreClient:
             self._stats = msg[-1]
         if msg[0] == "aborted":
             self._aborts_unanswered -= 1
+        if msg[0] == "fatal":
+            raise EngineCoreDied(f"the engine core failed: {msg[1]}")
         return msg
 
     def _send(self, msg: tuple) -> None:
@@ -181,6 +188,12 @@ class EngineCoreClient:
 
     def get_tokenizer(self) -> Any:
         return self._tokenizer
+
+    def check_health(self) -> None:
+        """EngineCoreDied when the core process has exited (AsyncLLM asks while idle)."""
+        if not self._proc.is_alive():
+            raise EngineCoreDied(f"the engine core process exited (exit code "
+                                 f"{self._proc.exitcode})")
 
     def get_stats(self) -> Any:
         return self._stats
