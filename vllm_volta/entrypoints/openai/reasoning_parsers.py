@@ -21,9 +21,13 @@ that no later text can change.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from vllm_volta.entrypoints.openai.tool_call_stream import partial_suffix
 
 START, END = "<think>", "</think>"
+PROMPT_TAIL_TOKENS = 8  # the end of a prompt decoded to see whether it opened a block
 
 
 def _held(text: str, *tags: str) -> str:
@@ -45,8 +49,10 @@ class Qwen3ReasoningParser:
         self.opened = opened  # whether the prompt left a block open (None: unknown)
 
     def for_prompt(self, prompt: str) -> Qwen3ReasoningParser:
-        """This parser for outputs of `prompt` (a prompt that ends inside <think> opened it)."""
-        return Qwen3ReasoningParser(prompt.rfind(START) > prompt.rfind(END))
+        """This parser for outputs of `prompt`: one that ends with <think> opened the block (Qwen3.5
+        thinking), one that ends with </think> closed it (thinking off); else unknown."""
+        tail = prompt.rstrip()
+        return Qwen3ReasoningParser(True if tail.endswith(START) else False if tail.endswith(END) else None)
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning, content) of an output (None for an empty part)."""
@@ -107,6 +113,14 @@ class Gemma4ReasoningParser:
             if self.label.startswith(body):  # the label may still be arriving
                 return "", ""
         return _strings(self.split(self.start + body))
+
+
+def bind_prompt(parser: ReasoningParser, tokenizer: Any, prompt_ids: Sequence[int]) -> ReasoningParser:
+    """`parser` for the outputs of one prompt (for parsers that read how the prompt ends)."""
+    for_prompt = getattr(parser, "for_prompt", None)
+    if for_prompt is None:
+        return parser
+    return for_prompt(tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:])))
 
 
 class ReasoningStream:

@@ -13,9 +13,9 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
-from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningStream
+from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningStream, bind_prompt
 from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, NamedToolCall, RequiredToolCalls,
-                                                        ToolParser)
+                                                        ToolParser, bind_tools)
 from vllm_volta.transformers_utils.tokenizer import apply_chat_template
 
 
@@ -71,7 +71,7 @@ class OpenAIServingChat(OpenAIServing):
             kwargs["logprobs"] = top
         if forced is not None:
             kwargs["structured_outputs"] = forced
-        if getattr(parser, "keeps_special_tokens", False):  # its markers are special tokens
+        if any(getattr(p, "keeps_special_tokens", False) for p in (parser, self.reasoning_parser)):
             kwargs["skip_special_tokens"] = False
         params = self.make_sampling_params(
             {"logprobs": "top_logprobs", "max_tokens": param}, max_tokens=max_tokens, **kwargs)
@@ -101,7 +101,7 @@ class OpenAIServingChat(OpenAIServing):
                 raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '
                                   '--tool-call-parser to be set (or send tool_choice "none")', 400,
                                   "tool_choice")
-            return self.tool_parser, None
+            return bind_tools(self.tool_parser, tools), None
         if request.structured() is not None:
             raise OpenAIError("a forced tool call cannot be combined with response_format or "
                               "other structured outputs", 400, "tool_choice")
@@ -141,7 +141,8 @@ class OpenAIServingChat(OpenAIServing):
             if request.logprobs:
                 logprobs = self._logprobs(out.token_ids, out.logprobs or [],
                                           request.top_logprobs or 0)
-            reasoning, content = (self.reasoning_parser.split(out.text) if self.reasoning_parser
+            reasoning, content = (bind_prompt(self.reasoning_parser, self.tokenizer, prompt_ids).split(out.text)
+                                  if self.reasoning_parser
                                   else (None, out.text))
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if self.reasoning_parser is not None:
@@ -192,7 +193,8 @@ class OpenAIServingChat(OpenAIServing):
         sent_chars = [0] * request.n
         finished = [False] * request.n
         tool_calls = [parser.streamer() for _ in range(request.n)] if parser else None
-        reasoning = ([ReasoningStream(self.reasoning_parser) for _ in range(request.n)]
+        reasoning = ([ReasoningStream(bind_prompt(self.reasoning_parser, self.tokenizer, prompt_ids))
+                      for _ in range(request.n)]
                      if self.reasoning_parser else None)
         try:
             async for _, out in merge_streams(streams):
