@@ -59,6 +59,9 @@ class AWQConfig:
         """The checkpoint's ``quant_method``: "awq", or "gptq" for GPTQ tensors repacked here."""
         return "awq" if self.source == "awq" else "gptq"
 
+    def kernel_path(self, device: torch.device, dtype: torch.dtype) -> str:
+        return kernel_path(device, dtype)
+
     def describe(self) -> str:
         if self.source == "awq":
             return f"AWQ 4-bit, group size {self.group_size}"
