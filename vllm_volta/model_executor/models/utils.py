@@ -19,9 +19,8 @@ STACKED_PARAMS_MAPPING: list[tuple[str, str, Any]] = [
     (".gate_up_proj", ".gate_proj", 0),
     (".gate_up_proj", ".up_proj", 1),
 ]
-# Buffers some checkpoints store that we recompute, and GPTQ's g_idx (row k in group
-# k // group_size: activation-order checkpoints are refused by the quantization config).
-_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached", ".g_idx")
+# Buffers some checkpoints store that we recompute.
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
 @contextlib.contextmanager
@@ -52,8 +51,10 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
         expected_shards.setdefault(fused, set()).add(shard_id)
     seen_shards: dict[str, set[Any]] = {}
     loaded: set[str] = set()
+    # GPTQ's g_idx is read by layers in activation order only (others use row k // group_size).
+    takes_g_idx = any(n.endswith(".g_idx") for n in params)
     for name, tensor in weights:
-        if name.endswith(_SKIPPED_SUFFIXES):
+        if name.endswith(_SKIPPED_SUFFIXES) or (name.endswith(".g_idx") and not takes_g_idx):
             continue
         if tie_word_embeddings and name.startswith("lm_head."):
             continue  # the head shares embed_tokens' weight
