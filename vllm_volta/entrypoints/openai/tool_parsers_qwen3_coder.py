@@ -81,7 +81,7 @@ class Qwen3CoderToolParser:
         name_end = text.find(">", name_start)
         if head.startswith(FUNCTION) and name_end >= 0 and (close < 0 or name_end < close):
             name = text[name_start:name_end].strip()
-            if name and not any(c in name for c in "<>\n"):
+            if name and not any(c.isspace() or c in "<>=" for c in name):
                 return self._arguments(text, PartialCall(name), name_end + 1, final)
         elif not final and close < 0 and (FUNCTION.startswith(head) or head.startswith(FUNCTION)):
             return _UNDECIDED
