@@ -45,6 +45,18 @@ def tiny_config(arch: str, **overrides):
     elif arch == "qwen3_moe":  # top-2 of 6 experts, not renormalized; layer 1 dense
         cfg = transformers.Qwen3MoeConfig(head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
                                           norm_topk_prob=False, mlp_only_layers=[1], **common)
+    elif arch in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        # Hybrid: a Gated DeltaNet layer (recurrent state) and a gated full-attention layer.
+        hybrid = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                      linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                      layer_types=["linear_attention", "full_attention"], **common)
+        if arch == "qwen3_5":
+            cfg = transformers.Qwen3_5TextConfig(**hybrid)
+        else:
+            moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                       shared_expert_intermediate_size=48)
+            config_cls = transformers.Qwen3_5MoeTextConfig if arch == "qwen3_5_moe" else transformers.Qwen3NextConfig
+            cfg = config_cls(**moe, **hybrid)
     else:
         raise ValueError(arch)
     for key, value in overrides.items():
