@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
+
+from test_v100.model_executor.models.hf_compare import TINY
+from vllm_volta.model_executor.layers.quantization import get_quant_config
 
 
 @dataclass
@@ -144,3 +148,11 @@ def quantize_hf_model(hf: torch.nn.Module, folder: Path, scheme: Scheme, seed: i
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = scheme.config()
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def config_of(scheme: Scheme):
+    """The quantization config our loader makes of ``scheme``'s checkpoint."""
+    cfg = transformers.LlamaConfig(**TINY)
+    cfg.quantization_config = scheme.config()
+    return get_quant_config(cfg)
+
