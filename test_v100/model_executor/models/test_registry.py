@@ -10,7 +10,9 @@ def test_known_architectures():
                                      "GemmaForCausalLM", "GraniteForCausalLM",
                                      "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                                      "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
-                                     "Qwen3MoeForCausalLM"]
+                                     "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+                                     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+                                     "Qwen3_5MoeForConditionalGeneration"]
     for arch in get_supported_archs():
         assert get_model_cls([arch]).__name__ == arch
     # The first supported name wins; a plain string works too.
@@ -24,5 +26,7 @@ def test_unknown_architecture_lists_supported(archs):
                                          "Gemma3ForConditionalGeneration, GemmaForCausalLM, GraniteForCausalLM, LlamaForCausalLM, "
                                          "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                                          "Qwen2MoeForCausalLM, "
-                                         "Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
+                                         "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
+                                         "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, "
+                                         "Qwen3_5MoeForConditionalGeneration"):
         get_model_cls(archs)
