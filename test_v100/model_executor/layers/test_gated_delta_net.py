@@ -44,7 +44,8 @@ def _inputs(length, heads=3, dk=16, dv=24, seed=0):
     return q, k, v, g, beta, torch.randn(heads, dk, dv, generator=gen)
 
 
-@pytest.mark.parametrize("length,chunk_size", [(1, 64), (63, 64), (64, 64), (65, 64), (150, 64), (37, 8)])
+# (300, 8): 38 chunks, more than one group of chunks built at once
+@pytest.mark.parametrize("length,chunk_size", [(1, 64), (63, 64), (64, 64), (65, 64), (150, 64), (37, 8), (300, 8)])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunked_delta_rule_equals_the_recurrence(length, chunk_size, with_state):
     q, k, v, g, beta, state = _inputs(length)

@@ -20,6 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Chunks whose intra-chunk products are built at once (chunked delta rule): 16 x 64 tokens.
+_CHUNKS_PER_GROUP = 16
+
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dim (eps inside the root, as the reference)."""
@@ -65,6 +68,23 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return x.reshape(heads, n, c, *x.shape[2:])
 
     q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
+    state = (torch.zeros(heads, dk, dv, dtype=q.dtype, device=q.device) if initial_state is None
+             else initial_state.to(q.dtype))
+    out = torch.empty(heads, n, c, dv, dtype=q.dtype, device=q.device)
+    # The [H, chunks, C, C] intra-chunk tensors are built for a group of chunks at a time, so
+    # their memory stays bounded however long the prompt.
+    for lo in range(0, n, _CHUNKS_PER_GROUP):
+        hi = min(lo + _CHUNKS_PER_GROUP, n)
+        state = _chunk_group(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], beta[:, lo:hi], state,
+                             out[:, lo:hi])
+    return out.reshape(heads, n * c, dv)[:, :length].transpose(0, 1), state
+
+
+def _chunk_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 state: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Consecutive chunks ([H, N, C, ...]) from ``state``: outputs into ``out``, returns the state
+    after the last chunk."""
+    c = q.shape[2]
     gamma = g.cumsum(dim=-1)  # [H, N, C]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     # exp(gamma_t - gamma_s) for s <= t, 0 above the diagonal (masked before exp: no overflow)
@@ -78,15 +98,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     q_decayed = q * gamma.exp()[..., None]  # reads S_0 decayed to t
     k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]  # writes decayed to the chunk end
     chunk_decay = gamma[..., -1].exp()  # [H, N]
-
-    state = (torch.zeros(heads, dk, dv, dtype=q.dtype, device=q.device) if initial_state is None
-             else initial_state.to(q.dtype))
-    out = torch.empty(heads, n, c, dv, dtype=q.dtype, device=q.device)
-    for i in range(n):
+    for i in range(q.shape[1]):
         u = u_from_v[:, i] - w_from_s[:, i] @ state
         out[:, i] = q_decayed[:, i] @ state + scores[:, i] @ u
         state = state * chunk_decay[:, i, None, None] + k_to_end[:, i].transpose(-1, -2) @ u
-    return out.reshape(heads, n * c, dv)[:, :length].transpose(0, 1), state
+    return state
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
