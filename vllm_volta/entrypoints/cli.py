@@ -1,9 +1,16 @@
-"""The ``vllm-volta`` command: ``vllm-volta serve [MODEL] [flags]`` (vLLM's flag names)."""
+"""The ``vllm-volta`` command, with vLLM's subcommands and flag names.
+
+``serve [MODEL]`` (the OpenAI-compatible server), ``chat`` / ``complete`` (talk to a running
+server), ``bench latency|throughput|serve`` (the benchmarks of a source checkout) and
+``collect-env`` (every platform decision on this machine, and why).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from vllm_volta.entrypoints.cli_bench import BENCHMARKS
+from vllm_volta.entrypoints.cli_client import add_client_args
 from vllm_volta.entrypoints.openai.cli_args import add_server_args
 
 
@@ -21,6 +28,27 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                        help="Model name or path (HF folder or .gguf file)")
     add_server_args(serve)
+    add_client_args(sub.add_parser("chat", help="Chat with a running server",
+                                   description="Chat with a running OpenAI-compatible server: "
+                                               "one line per message from stdin, or --quick."),
+                    chat=True)
+    add_client_args(sub.add_parser("complete", help="Complete prompts on a running server",
+                                   description="Complete text on a running OpenAI-compatible "
+                                               "server: one prompt per stdin line, or --quick."),
+                    chat=False)
+    bench = sub.add_parser("bench", help="Run a benchmark (latency, throughput, serve)",
+                           description="Run a benchmark of benchmarks/ (source checkout); "
+                                       "`vllm-volta bench KIND --help` lists its flags.",
+                           add_help=True)
+    bench.add_argument("bench_kind", choices=list(BENCHMARKS), metavar="KIND",
+                       help=f"one of {', '.join(BENCHMARKS)}")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER,
+                       help="the benchmark's flags (vLLM's names)")
+    env = sub.add_parser("collect-env", help="Print the platform decisions for this machine",
+                         description="Print every decision the platform layer takes on this "
+                                     "machine (device, extension build, dtype, attention "
+                                     "backends, kernels, tuned configs, CUDA graphs) and why.")
+    env.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 
@@ -44,3 +72,20 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_volta.entrypoints.openai.api_server import run_server
 
         run_server(args)
+    elif args.command in ("chat", "complete"):
+        from vllm_volta.entrypoints import cli_client
+
+        try:
+            (cli_client.run_chat if args.command == "chat" else cli_client.run_complete)(args)
+        except KeyboardInterrupt:
+            pass
+        except ValueError as e:
+            raise SystemExit(f"vllm-volta {args.command}: {e}") from None
+    elif args.command == "bench":
+        from vllm_volta.entrypoints.cli_bench import run_bench
+
+        run_bench(args.bench_kind, args.bench_args)
+    elif args.command == "collect-env":
+        from vllm_volta.entrypoints.collect_env import main as collect_env
+
+        collect_env(as_json=args.json)
