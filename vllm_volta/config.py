@@ -25,6 +25,9 @@ _QUANTIZATION_ALIASES = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gpt
 # Model types whose activations exceed float16's range (trained in bfloat16; vLLM keeps them off
 # float16 too): "auto" never picks float16 for them.
 _FLOAT16_OVERFLOWS = ("gemma2", "gemma3", "gemma3_text")
+# Model types that run float16 with their residual stream in float32 (models/gemma4.py), so "auto"
+# keeps float16 where bfloat16 is missing (Gemma 4 31B / 26B in float32 do not fit V100s).
+_FLOAT16_FP32_RESIDUAL = ("gemma4", "gemma4_text")
 # vLLM's names: full graphs for pure-decode steps and piecewise graphs (around the attention
 # layers) for the other steps, or the decode graphs alone. enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
@@ -175,6 +178,9 @@ class ModelConfig:
         from vllm_volta.platforms import current_platform
         dtype = current_platform.resolve_dtype(requested, _config_dtype(self.hf_config))
         model_type = getattr(self.hf_config, "model_type", None)
+        if dtype == torch.float16 and model_type in _FLOAT16_FP32_RESIDUAL:
+            logger.info("%s in float16: the residual stream stays float32 (it outgrows float16)", model_type)
+            return dtype
         if dtype != torch.float16 or model_type not in _FLOAT16_OVERFLOWS:
             return dtype
         if isinstance(requested, str) and requested.lower() == "auto":

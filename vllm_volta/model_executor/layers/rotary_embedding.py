@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE): default, linear, Llama 3 and YaRN scaling.
+"""Rotary position embeddings (RoPE): default, linear, Llama 3, YaRN scaling and proportional.
 
 The cos/sin table for every position is computed once in float32 and cast to the activation
 dtype at use, matching transformers' numerics. On CUDA, ``forward`` runs the fused in-place
@@ -16,7 +16,7 @@ from torch import nn
 
 from vllm_volta import _custom_ops as ops
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 class RotaryEmbedding(nn.Module):
@@ -198,6 +198,31 @@ class YaRNScalingRotaryEmbedding(RotaryEmbedding):
         return float(self.mscale)
 
 
+class ProportionalRotaryEmbedding(RotaryEmbedding):
+    """Gemma 4's full-attention RoPE: the first ``partial_rotary_factor * head_size / 2`` frequency
+    pairs keep the frequencies of a RoPE over the whole head (exponents ``2i / head_size``), the
+    remaining pairs get frequency 0 (cos 1, sin 0: left as they are); all frequencies are divided
+    by ``factor``. Pairs are (i, i + head_size / 2) across the whole head, so ``rotary_dim`` is the
+    head size and the plain kernels apply it unchanged."""
+
+    def __init__(self, head_size: int, max_position: int, base: float, is_neox_style: bool,
+                 partial_rotary_factor: float, factor: float = 1.0) -> None:
+        if not 0.0 <= partial_rotary_factor <= 1.0:
+            raise ValueError(f"rope_parameters.partial_rotary_factor must be in [0, 1], "
+                             f"got {partial_rotary_factor}")
+        if not factor > 0:
+            raise ValueError(f"rope_parameters.factor must be > 0, got {factor}")
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.factor = float(factor)
+        super().__init__(head_size, head_size, max_position, base, is_neox_style)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        inv_freq = super()._compute_inv_freq()
+        rotated = int(self.partial_rotary_factor * self.head_size // 2)
+        inv_freq[rotated:] = 0.0
+        return inv_freq / self.factor
+
+
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
              is_neox_style: bool = True,
              rope_scaling: dict[str, Any] | None = None) -> RotaryEmbedding:
@@ -220,6 +245,10 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
             scaling.get("original_max_position_embeddings", max_position),
             scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0,
             scaling.get("attention_factor"), scaling.get("truncate", True))
+    if rope_type == "proportional":
+        return ProportionalRotaryEmbedding(head_size, max_position, base, is_neox_style,
+                                           scaling.get("partial_rotary_factor", 1.0),
+                                           scaling.get("factor", 1.0))
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported; "
                      f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
 

@@ -93,8 +93,33 @@ def _lookup(params: dict[str, nn.Parameter], target: str, name: str,
 
 
 def config_head_dim(hf_config: Any) -> int:
-    """Per-head size: ``head_dim`` when the config gives it, else hidden_size / num_heads."""
+    """Per-head size: ``head_dim`` when the config gives it, else hidden_size / num_heads. Where
+    layers differ (Gemma 4's full layers have their own), the largest: the attention backend
+    must run every layer."""
+    if varies_by_layer(hf_config, "head_dim"):
+        return max(layer_head_dim(hf_config, i) for i in range(hf_config.num_hidden_layers))
     head_dim = getattr(hf_config, "head_dim", None)
+    return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def varies_by_layer(hf_config: Any, name: str) -> bool:
+    """Whether ``name`` varies by layer in a heterogeneous transformers config (reading it off
+    the config itself then raises)."""
+    return bool(getattr(hf_config, "is_heterogeneous", False)
+                and name in (getattr(hf_config, "per_layer_attributes", None) or ()))
+
+
+def layer_config_value(hf_config: Any, layer_idx: int, name: str, default: Any = None) -> Any:
+    """``name`` as layer ``layer_idx`` sees it: its per-layer override in a heterogeneous config
+    (transformers' ``per_layer_config``), else the config's value."""
+    if varies_by_layer(hf_config, name):
+        return getattr(hf_config.per_layer_config[layer_idx], name, default)
+    return getattr(hf_config, name, default)
+
+
+def layer_head_dim(hf_config: Any, layer_idx: int) -> int:
+    """Layer ``layer_idx``'s head size (config_head_dim's rule, per layer)."""
+    head_dim = layer_config_value(hf_config, layer_idx, "head_dim")
     return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
 
 

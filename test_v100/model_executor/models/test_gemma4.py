@@ -1,0 +1,269 @@
+"""Gemma 4 text (every kind: E2B/E4B-style per-layer inputs and KV sharing, the dense kind's
+attention_k_eq_v, the MoE kind's routed experts) vs transformers, float32 and float16."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from vllm_volta.core.kv_cache_spec import FullAttentionSpec, SharedKVSpec, SlidingWindowSpec
+from vllm_volta.model_executor.layers.rotary_embedding import ProportionalRotaryEmbedding, RotaryEmbedding
+from vllm_volta.model_executor.models.gemma4_plan import layer_plans
+
+from . import hf_compare
+from .hf_compare import PagedRunner, check_needed, check_single_prefill, hf_logits, load_ours, save_random_hf_model
+
+S, F = "sliding_attention", "full_attention"
+BASE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            global_head_dim=32, vocab_size=120, max_position_embeddings=128, rms_norm_eps=1e-5,
+            sliding_window=4, final_logit_softcapping=30.0, hidden_size_per_layer_input=0)
+# Window 4 (the prompts are 9-21 tokens); full layers with heads of 32 (sliding: 16) and the
+# default proportional RoPE (a quarter of the frequencies turning).
+KINDS = {
+    # per-layer inputs, the last two layers reading layers 2 (sliding) and 1 (full), double-wide MLPs there
+    "e": dict(num_hidden_layers=5, layer_types=[S, F, S, S, F], hidden_size_per_layer_input=8,
+              vocab_size_per_layer_input=120, num_kv_shared_layers=2, use_double_wide_mlp=True),
+    # full layers: keys are values, one KV head of 32
+    "dense": dict(num_hidden_layers=3, layer_types=[S, F, F], attention_k_eq_v=True, num_global_key_value_heads=1),
+    # routed experts beside the MLP
+    "moe": dict(num_hidden_layers=3, layer_types=[S, S, F], enable_moe_block=True, num_experts=4, top_k_experts=2,
+                moe_intermediate_size=24),
+}
+
+
+def text_config(kind: str, **overrides) -> transformers.Gemma4TextConfig:
+    return transformers.Gemma4TextConfig(**{**BASE, **KINDS[kind], **overrides})
+
+
+def scale_layers(hf: transformers.PreTrainedModel, scalars: list[float]) -> None:
+    """Set each decoder layer's layer_scalar (a buffer: save_random_hf_model leaves it at 1)."""
+    layers = hf.model.language_model.layers if hasattr(hf.model, "language_model") else hf.model.layers
+    for layer, value in zip(layers, scalars):
+        layer.layer_scalar.fill_(value)
+
+
+def save_hf(config: transformers.PretrainedConfig, folder, scalars: list[float] | None = None):
+    hf = save_random_hf_model(config, folder)
+    scale_layers(hf, scalars or [0.6 + 0.2 * i for i in range(config.num_hidden_layers)])
+    hf.save_pretrained(folder)
+    return hf
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def models(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"gemma4_{request.param}")
+    hf = save_hf(text_config(request.param), folder)
+    return hf, load_ours(folder)
+
+
+# The shared model checks (single prefill; chunked prefill, decode and a prefix hit), per kind.
+test_single_prefill_matches_transformers = hf_compare.test_single_prefill_matches_transformers
+test_mixed_batch_matches_transformers = hf_compare.test_mixed_batch_matches_transformers
+
+
+def test_kv_cache_specs_per_layer():
+    e = layer_plans(text_config("e"))
+    assert [(p.head_dim, p.num_kv_heads, p.sliding_window, p.kv_source, p.stores_kv, p.double_wide_mlp)
+            for p in e] == [(16, 2, 4, None, False, False), (32, 2, None, None, True, False),
+                            (16, 2, 4, None, True, False), (16, 2, 4, 2, False, True), (32, 2, None, 1, False, True)]
+    dense = layer_plans(text_config("dense"))
+    assert [(p.head_dim, p.num_kv_heads, p.k_eq_v) for p in dense] == [(16, 2, False), (32, 1, True), (32, 1, True)]
+
+
+def test_loaded_layers(models):
+    hf, ours = models
+    specs = ours.kv_cache_specs()
+    f32 = torch.float32
+    expected = {
+        5: [SlidingWindowSpec(2, 16, f32, sliding_window=4), FullAttentionSpec(2, 32, f32),
+            SlidingWindowSpec(2, 16, f32, sliding_window=4), SharedKVSpec(source=2), SharedKVSpec(source=1)],
+        3: None,
+    }[ours.config.num_hidden_layers]
+    if expected is not None:
+        assert specs == expected
+    assert len(specs) == ours.config.num_hidden_layers
+    layers = [layer.self_attn for layer in ours.model.layers]
+    full = next(a for a in layers if a.attn.impl.sliding_window is None)
+    sliding = next(a for a in layers if a.attn.impl.sliding_window == 4)
+    assert isinstance(full.rotary_emb, ProportionalRotaryEmbedding) and full.rotary_emb.head_size == 32
+    assert type(sliding.rotary_emb) is RotaryEmbedding and sliding.rotary_emb.head_size == 16
+    assert {a.attn.scale for a in layers} == {1.0}
+    assert ours.logits_processor.soft_cap == 30.0
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+
+
+def test_proportional_rope_matches_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = text_config("e", rope_parameters={
+        S: {"rope_type": "default", "rope_theta": 10000.0},
+        F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6, "factor": 2.0}})
+    want, _ = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu", layer_type=F)
+    ours = ProportionalRotaryEmbedding(32, 16, 1e6, True, 0.25, 2.0)
+    torch.testing.assert_close(ours._compute_inv_freq(), want)
+    assert int((want != 0).sum()) == 4  # a quarter of the 16 pairs turn; the rest pass through
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        ProportionalRotaryEmbedding(32, 16, 1e6, True, 1.5)
+
+
+def _feature_settings(ours) -> dict[str, list[tuple[object, str, object]]]:
+    layers = list(ours.model.layers)
+    attns = [layer.self_attn for layer in layers]
+    full = next(a for a in attns if a.attn.impl.sliding_window is None)
+    plain = RotaryEmbedding(32, 32, 128, full.rotary_emb.base)
+    settings = {
+        "sliding_window": [(a.attn.impl, "sliding_window", None) for a in attns],
+        "proportional_rope": [(a, "rotary_emb", plain) for a in attns if a.rotary_emb is full.rotary_emb],
+        "layer_scalar": [(layer, "layer_scalar", nn.Parameter(torch.ones(1), requires_grad=False))
+                         for layer in layers],
+        "final_soft_cap": [(ours.logits_processor, "soft_cap", None)],
+    }
+    if ours.model.per_layer_size:
+        settings["per_layer_inputs"] = [(layer, "per_layer_size", 0) for layer in layers]
+    if layers[0].feed_forward.moe:
+        settings["expert_scales"] = [(layer.feed_forward.experts, "expert_scales", nn.Parameter(torch.ones(4), requires_grad=False))
+                                    for layer in layers]
+    return settings
+
+
+def test_each_feature_changes_the_logits(models):
+    """Each Gemma 4 feature switched off, the logits no longer match: the comparisons depend on it."""
+    hf, ours = models
+    for name, setting in _feature_settings(ours).items():
+        try:
+            check_needed(ours, hf, setting)
+        except BaseException as e:  # name the feature in the failure
+            raise AssertionError(f"feature {name}: {e}") from e
+
+
+def test_float16_residual_stays_finite(models, tmp_path):
+    """Layer scalars that grow the residual stream past float16's range: transformers in float16
+    overflows (inf/NaN); ours in float16 (the stream in float32) stays finite and close to
+    transformers in float32."""
+    hf, ours = models
+    folder = tmp_path / "big"
+    scale_layers(hf, [300.0] * hf.config.num_hidden_layers)
+    try:
+        hf.save_pretrained(folder)
+        tokens = torch.randint(0, hf.config.vocab_size, (13,), generator=torch.Generator().manual_seed(3)).tolist()
+        with torch.no_grad():
+            plain = hf.half()(torch.tensor([tokens])).logits
+        hf.float()
+        assert not torch.isfinite(plain).all(), "the float16 reference should overflow"
+        ours16 = load_ours(folder, dtype=torch.float16)
+        assert ours16.model.residual_dtype == torch.float32
+        out = PagedRunner(ours16, defer_final_norm=True).step({"x": tokens})["x"]
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, hf_logits(hf, tokens), atol=0.1, rtol=0.02)
+    finally:
+        hf.float()
+        scale_layers(hf, [0.6 + 0.2 * i for i in range(hf.config.num_hidden_layers)])
+
+
+def test_float32_residual_only_in_float16(tmp_path):
+    save_hf(text_config("moe"), tmp_path)
+    assert load_ours(tmp_path, dtype=torch.float32).model.residual_dtype == torch.float32
+    assert load_ours(tmp_path, dtype=torch.bfloat16).model.residual_dtype == torch.bfloat16
+
+
+def test_conditional_generation_checkpoint_serves_its_language_model(tmp_path):
+    """A Gemma4ForConditionalGeneration checkpoint (as the hub ships every size): its text_config's
+    model, the language-model weights only, logits equal to transformers' on text-only input."""
+    text = text_config("e")
+    vision = transformers.Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    config = transformers.Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict())
+    torch.manual_seed(0)
+    hf = transformers.Gemma4ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2 if "norm" in name else 0.15)
+    scale_layers(hf, [0.7, 1.2, 0.9, 1.1, 0.8])
+    hf.save_pretrained(tmp_path)
+    ours = load_ours(tmp_path)
+    assert type(ours).__name__ == "Gemma4ForConditionalGeneration"
+    assert not any("vision" in name for name, _ in ours.named_parameters())
+    check_single_prefill(ours, hf)
+
+
+def test_language_model_weight_names():
+    from vllm_volta.model_executor.models.gemma4 import language_model_weights
+
+    t = torch.zeros(1)
+    names = ["model.language_model.layers.0.self_attn.q_proj.weight", "model.vision_tower.encoder.x.weight",
+             "model.audio_tower.y.weight", "model.embed_vision.embedding_projection.weight",
+             "model.embed_audio.embedding_projection.weight", "model.language_model.norm.weight", "lm_head.weight"]
+    assert [n for n, _ in language_model_weights((n, t) for n in names)] == [
+        "model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"]
+
+
+def test_config_errors_name_the_field():
+    legacy = SimpleNamespace(num_hidden_layers=2, layer_types=[S, F], hidden_size=64, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, global_head_dim=32, attention_k_eq_v=True,
+                             num_global_key_value_heads=1, sliding_window=4, num_kv_shared_layers=0)
+    plans = layer_plans(legacy)  # a config without per_layer_config: global_head_dim beside head_dim
+    assert [(p.head_dim, p.num_kv_heads, p.sliding_window) for p in plans] == [(16, 2, 4), (32, 1, None)]
+    with pytest.raises(ValueError, match="num_kv_shared_layers"):
+        layer_plans(SimpleNamespace(**{**vars(legacy), "num_kv_shared_layers": 2}))
+    with pytest.raises(ValueError, match="layer_types"):
+        layer_plans(SimpleNamespace(**{**vars(legacy), "layer_types": [S, "chunked"]}))
+    with pytest.raises(ValueError, match="moe_intermediate_size"):
+        from vllm_volta.model_executor.models.gemma4 import Gemma4ForCausalLM
+        Gemma4ForCausalLM(text_config("moe", moe_intermediate_size=None), dtype=torch.float32)
+
+
+def test_auto_dtype_is_float16_without_bfloat16(clean_env, caplog):
+    """Where bfloat16 is missing (Volta), "auto" runs Gemma 4 in float16 (its residual stream in
+    float32), unlike Gemma 2 / 3, which go to float32."""
+    from vllm_volta.config import ModelConfig
+    from vllm_volta.platforms import cuda
+
+    cfg = text_config("dense")
+    cfg.dtype = torch.bfloat16
+    cfg.architectures = ["Gemma4ForCausalLM"]
+    clean_env.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("vllm_volta.platforms.current_platform", cuda.CudaPlatform(), raising=False)
+    try:
+        assert ModelConfig(model="tiny", hf_config=cfg).dtype == torch.float16
+    finally:
+        monkey.undo()
+
+
+def _tp_worker(rank: int, folder: str, init_file: str) -> None:
+    import torch.distributed as dist
+
+    from vllm_volta.model_executor.layers import parallel_state as ps
+
+    from .hf_compare import check_mixed_batch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        ps.set_tensor_parallel(rank, 2)
+        model = load_ours(folder)
+        # sliding layers: 2 KV heads, one per rank; full layers: 1 KV head, on both ranks
+        assert [(s.num_kv_heads, s.head_size) if hasattr(s, "head_size") else s.source
+                for s in model.kv_cache_specs()] == [(1, 16), (1, 32), (1, 16), 2, 1]
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder).float().eval()
+        check_mixed_batch(model, hf)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # as test_parallel_state: skip gloo's teardown
+
+
+def test_tp2_matches_transformers(tmp_path):
+    """Two gloo ranks on a model with every kind's features at once (per-layer inputs, KV sharing,
+    k_eq_v with one full-layer KV head replicated on both ranks, experts split by intermediate size)."""
+    import torch.multiprocessing as mp
+
+    config = text_config("e", attention_k_eq_v=True, num_global_key_value_heads=1, enable_moe_block=True,
+                         num_experts=4, top_k_experts=2, moe_intermediate_size=24)
+    save_hf(config, tmp_path / "ckpt")
+    mp.spawn(_tp_worker, args=(str(tmp_path / "ckpt"), str(tmp_path / "rendezvous")), nprocs=2)
