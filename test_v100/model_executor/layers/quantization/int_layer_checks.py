@@ -46,6 +46,8 @@ def check_linear_layers(scheme: Scheme, device: str, rows: int) -> None:
     for layer, parts in ((merged, [(0, 64), (1, 96)]), (qkv, [("q", 64), ("k", 32), ("v", 32)]), (row, [(None, 40)])):
         items = [(shard, _quantize(scheme, n, 128, gen)) for shard, n in parts]
         feed(layer, scheme, items)
+        # 4-bit in activation order: rows sorted by group into AWQ's layout once loaded
+        assert (getattr(layer, "quant_perm", None) is not None) == (scheme.act_order and scheme.bits == 4)
         w = torch.cat([qt.dense.t() for _, qt in items], 1)
         bias = None
         if layer.bias is not None:
@@ -77,6 +79,9 @@ def check_tp2(set_tp, scheme: Scheme) -> None:
             row = RowParallelLinear(k_down, hidden)
         feed(qkv, scheme, list(qts.items()))
         feed(row, scheme, [(None, down)])
+        sorted_rows = scheme.act_order and scheme.bits == 4
+        # a row-parallel rank's rows hold uneven parts of groups: they stay dequantized by g_idx
+        assert (getattr(qkv, "quant_perm", None) is not None, getattr(row, "quant_perm", None)) == (sorted_rows, None)
         outs.append(qkv(x).split([qkv.q_size, qkv.kv_size, qkv.kv_size], -1))
         partial.append(row.matmul(xi[:, rank * k_down // 2:(rank + 1) * k_down // 2], None))
     for i, s in enumerate(sizes):

@@ -78,8 +78,11 @@ def models(request, tmp_path_factory):
     return hf, load_ours(folder)
 
 
-def test_model_keeps_packed_weights(models):
+def test_model_keeps_packed_weights(models, request):
     _, ours = models
     params = dict(ours.named_parameters())
     assert params["model.layers.0.mlp.down_proj.qweight"].dtype == torch.int32
     assert not any(n.endswith("proj.weight") for n in params)
+    scheme = SCHEMES[request.node.callspec.params["models"]]
+    layer = ours.model.layers[1].self_attn.qkv_proj
+    assert (getattr(layer, "quant_perm", None) is not None) == (scheme.act_order and scheme.bits == 4)

@@ -9,7 +9,9 @@ one of two layouts held under the checkpoint's own parameter names (format.py's 
   (awq.py), so a GPU runs them through awq_gemv (decode rows) / awq_dequantize + cuBLAS;
 - "rows": everything else (8-bit, activation order) keeps q packed along K, [K * bits / 32, N],
   value 32/bits * i + j of each int32 in bits ``bits * j``; zeros unpacked [G, N]; the weight is
-  dequantized by G(k) in PyTorch ops each call, then one GEMM (cuBLAS on a GPU).
+  dequantized by G(k) in PyTorch ops each call, then one GEMM (cuBLAS on a GPU). A 4-bit layer in
+  activation order loads this way, then moves to AWQ's layout with its rows sorted by group
+  where it can (act_order.py).
 
 Tensor parallelism: a column-parallel layer takes its output columns of every tensor; a
 row-parallel one its rows of q and g_idx, and its rows of the scales / zeros when its rows are
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_volta.model_executor.layers.quantization.act_order import note_loaded, sorted_group_rows, to_awq_layout
 from vllm_volta.model_executor.layers.quantization.awq import (PACK, awq_dense_weight, awq_matmul,
                                                                kernel_path, pack_awq)
 
@@ -54,6 +57,7 @@ class PackedIntConfig:
 
     @property
     def layout(self) -> str:
+        """The layout tensors load into (a 4-bit act-order layer may move to "awq" afterwards)."""
         return "awq" if self.bits == 4 and not self.act_order else "rows"
 
     @property
@@ -69,12 +73,15 @@ class PackedIntConfig:
         zeros = "asymmetric" if self.has_zeros else "symmetric"
         if self.layout == "awq":
             how = "repacked to AWQ's layout"
+        elif self.bits == 4:
+            how = ("rows sorted by group into AWQ's layout (a row-parallel rank's slice at tp > 1: "
+                   "dequantized by group index in PyTorch, then one GEMM)")
         else:
             how = "dequantized by group index in PyTorch, then one GEMM (cuBLAS on a GPU)"
         return f"{self.fmt} {self.bits}-bit {zeros}, {group}{order}, {how}"
 
     def kernel_path(self, device: torch.device, dtype: torch.dtype) -> str:
-        if self.layout == "awq":
+        if self.bits == 4:
             return kernel_path(device, dtype)
         return f"PyTorch dequantization by group index + matmul ({device.type}, {dtype})"
 
@@ -190,7 +197,25 @@ class PackedIntLinearMethod:
                 copy_weight(param.data, tensor)  # a row-parallel rank keeps every group's row
             else:
                 layer.weight_loader(param, tensor, *shard)
+            if self.config.act_order and self.config.bits == 4:
+                roles = tuple(r for r in ("qweight", "zeros", "scales", "g_idx") if r != "zeros" or self.config.has_zeros)
+                note_loaded(layer, role, shard, roles, self._sort_rows_into_awq)
         return load
+
+    def _sort_rows_into_awq(self, layer: nn.Module) -> None:
+        """A loaded 4-bit act-order layer: into AWQ's layout, rows sorted by group, when its
+        groups are whole (act_order.py); else it stays in the "rows" layout."""
+        cfg = self.config
+        qweight, zeros, scales = self.tensors(layer)
+        perm = sorted_group_rows(getattr(layer, cfg.name("g_idx")), scales.shape[0], layer.quant_group_size)
+        if perm is None:
+            return
+        qweight.data, packed_zeros = to_awq_layout(unpack_int(qweight, 4, 0), zeros, perm)
+        if cfg.has_zeros:
+            zeros.data = packed_zeros
+        else:
+            layer.quant_zeros = packed_zeros
+        layer.register_buffer("quant_perm", perm, persistent=False)
 
     @staticmethod
     def _shape_loader(layer: nn.Module, input_size: int) -> Callable[..., None]:
@@ -215,19 +240,28 @@ class PackedIntLinearMethod:
             return getattr(layer, cfg.name("g_idx")).long().remainder(scales.shape[0])
         return torch.arange(rows, device=device) // layer.quant_group_size
 
+    @staticmethod
+    def _awq_layout(layer: nn.Module) -> bool:
+        return getattr(layer, "quant_perm", None) is not None
+
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""
         qweight, zeros, scales = self.tensors(layer)
         if self.config.layout == "awq":
             return awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype)
+        if self._awq_layout(layer):  # rows sorted by group: put them back
+            sorted_w = awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype)
+            return torch.empty_like(sorted_w).index_copy_(0, layer.quant_perm, sorted_w)
         rows = qweight.shape[0] * self.config.pack_factor
         groups = self._row_groups(layer, rows, qweight.device)
         return dequantize_rows(qweight, zeros, scales, groups, self.config.bits, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W + bias [..., N]."""
-        if self.config.layout == "awq":
+        if self.config.layout == "awq" or self._awq_layout(layer):
             qweight, zeros, scales = self.tensors(layer)
+            if self._awq_layout(layer):
+                x = x.index_select(-1, layer.quant_perm)
             return awq_matmul(x, qweight, zeros, scales, layer.quant_group_size, bias)
         out = x.reshape(-1, x.shape[-1]) @ self.dense_weight(layer, x.dtype)
         if bias is not None:
