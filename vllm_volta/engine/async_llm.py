@@ -195,6 +195,17 @@ class AsyncLLM:
         """True while the engine can take requests (False when dead, restarting or shut down)."""
         return self._thread.is_alive() and not self._shutdown and self.dead is None
 
+    @property
+    def failed(self) -> bool:
+        """True when the engine died and no new one will start (the server should exit)."""
+        return self.dead is not None and (self.engine_factory is None
+                                          or not self._thread.is_alive())
+
+    @property
+    def num_requests(self) -> int:
+        """Requests in flight (a snapshot)."""
+        return len(self._requests)
+
     async def add_request(self, request_id: str, prompt: str | list[int],
                           sampling_params: Any) -> RequestStream:
         """Submit a request; returns its output stream once the engine accepted it.

@@ -70,7 +70,8 @@ def test_chat_template_flag(keyed_server, hf_reference):
     tok, _ = hf_reference
     msgs = [{"role": "user", "content": "Hello"}]
     rendered = "[user] Hello\n[assistant] "
-    body = httpx.post(keyed_server.url + "/tokenize", json={"messages": msgs}, timeout=10)
+    body = httpx.post(keyed_server.url + "/tokenize", json={"messages": msgs}, timeout=10,
+                      headers={"Authorization": "Bearer sk-test"})
     assert body.json()["tokens"] == tok.encode(rendered)
     resp = keyed_server.client(api_key="sk-test").chat.completions.create(
         model=MODEL_NAME, messages=msgs, max_tokens=1)

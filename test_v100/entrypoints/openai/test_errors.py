@@ -58,6 +58,17 @@ CASES = [
                                                   {"regex": "a", "choice": ["b"]}}, 400, "structured_outputs"),
     ("regex that does not compile", CHAT, {"messages": MSGS, "guided_regex": "(unclosed"}, 400,
      "structured_outputs"),
+    ("chat json_schema without a schema", CHAT, {"messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "response_format"),
+    ("regex with an anchor inside", CHAT, {"messages": MSGS, "guided_regex": "a^b"}, 400,
+     "structured_outputs"),
+    ("regex no text matches", CMPL, {"prompt": "a", "guided_regex": "[^\\x00-\\U0010FFFF]"}, 400,
+     "structured_outputs"),
+    ("grammar that never completes", CMPL, {"prompt": "a", "guided_grammar": 'root ::= root "a"'},
+     400, "structured_outputs"),
+    ("json schema keyword the grammar ignores", CHAT, {"messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "integer"}}}}},
+     400, "structured_outputs"),
     ("tools without --enable-auto-tool-choice", CHAT,
      {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),
     ("tool without a name", CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {}}],

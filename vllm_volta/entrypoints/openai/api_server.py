@@ -7,21 +7,25 @@
 from __future__ import annotations
 
 import argparse
-import hmac
+import asyncio
 import importlib.util
+import json
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from starlette.datastructures import Headers
+from fastapi.responses import PlainTextResponse, Response
 
 from vllm_volta.engine.async_llm import AsyncLLM
 from vllm_volta.entrypoints.openai.cli_args import (
     add_server_args, build_engine_args, check_vllm_flags, load_chat_template, tool_call_parser)
-from vllm_volta.entrypoints.openai.errors import error_response, install_error_handlers
+from vllm_volta.entrypoints.openai.errors import install_error_handlers
+from vllm_volta.entrypoints.openai.lifecycle import GracefulServer, watch_engine
 from vllm_volta.entrypoints.openai.metrics import ServerMetrics
+from vllm_volta.entrypoints.openai.middleware import APIKeyMiddleware, BodyLimitMiddleware
 from vllm_volta.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, ResponsesRequest,
     TokenizeRequest)
@@ -29,6 +33,7 @@ from vllm_volta.entrypoints.openai.serving_completion import OpenAIServingComple
 from vllm_volta.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from vllm_volta.entrypoints.openai.serving_responses import OpenAIServingResponses
 from vllm_volta.entrypoints.openai.serving_engine import now_s
+from vllm_volta.entrypoints.openai.request_body import off_loop, read_request
 from vllm_volta.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm_volta.logger import init_logger
 from vllm_volta.sampling_params import MAX_LOGPROBS
@@ -40,27 +45,6 @@ def package_version() -> str:
     import vllm_volta
 
     return vllm_volta.__version__
-
-
-class APIKeyMiddleware:
-    """Pure ASGI check of ``Authorization: Bearer <key>`` on /v1/* (constant-time compare).
-
-    Pure ASGI rather than ``@app.middleware`` so streaming responses and client
-    disconnects pass through untouched. Health and metrics stay open, as in vLLM.
-    """
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = Headers(scope=scope).get("authorization", "").encode()
-            if not hmac.compare_digest(given, self.expected):
-                response = error_response("Unauthorized: missing or invalid API key", 401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _model_limits(engine: AsyncLLM) -> dict[str, int]:
@@ -93,16 +77,22 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(watch_engine(engine, app))
         yield
+        watcher.cancel()
         engine.shutdown()
 
     app = FastAPI(title="vllm-volta OpenAI-compatible server", version=package_version(),
                   lifespan=lifespan)
     install_error_handlers(app)
 
+    # Added last = outermost: an unauthenticated client is refused before its body is read.
+    app.add_middleware(BodyLimitMiddleware,
+                       max_bytes=int(getattr(args, "max_request_body_mb", 32) * 2**20))
     if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key,
+                           metrics_open=getattr(args, "metrics_without_auth", False))
 
     @app.get("/health")
     async def health() -> Response:
@@ -125,32 +115,47 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
                 for name in names]
         return {"object": "list", "data": data}
 
+    # Bodies are read as raw bytes and parsed off the event loop (request_body.py).
     @app.post("/v1/completions")
-    async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
+    async def create_completion(raw_request: Request) -> Any:
+        request = await read_request(raw_request, CompletionRequest)
         return await completions.create_completion(request, raw_request)
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: ChatCompletionRequest,
-                                     raw_request: Request) -> Any:
+    async def create_chat_completion(raw_request: Request) -> Any:
+        request = await read_request(raw_request, ChatCompletionRequest)
         return await chat.create_chat_completion(request, raw_request)
 
     @app.post("/v1/responses")
-    async def create_response(request: ResponsesRequest, raw_request: Request) -> Any:
+    async def create_response(raw_request: Request) -> Any:
+        request = await read_request(raw_request, ResponsesRequest)
         return await responses.create_response(request, raw_request)
 
     @app.post("/v1/embeddings")
-    async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Any:
+    async def create_embedding(raw_request: Request) -> Any:
+        request = await read_request(raw_request, EmbeddingRequest)
         return await embeddings.create_embedding(request, raw_request)
 
     @app.post("/tokenize")
-    async def tokenize(request: TokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.tokenize_request(request))
+    async def tokenize(raw_request: Request) -> Response:
+        request = await read_request(raw_request, TokenizeRequest)
+        return _json(await off_loop(lambda: _dumps(tokenization.tokenize_request(request))))
 
     @app.post("/detokenize")
-    async def detokenize(request: DetokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.detokenize_request(request))
+    async def detokenize(raw_request: Request) -> Response:
+        request = await read_request(raw_request, DetokenizeRequest)
+        return _json(await off_loop(lambda: _dumps(tokenization.detokenize_request(request))))
 
     return app
+
+
+def _dumps(payload: Any) -> bytes:
+    # A million token ids take a noticeable time to serialize: done in the worker thread.
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _json(body: bytes) -> Response:
+    return Response(content=body, media_type="application/json")
 
 
 def http_stack() -> tuple[str, str]:
@@ -189,19 +194,32 @@ def run_server(args: argparse.Namespace) -> None:
                                              DeviceConfig(engine_args.device).device)
     logger.info("Engine core %s (%s)", "in a process of its own" if own_process
                 else "in the server process", why)
-    engine = AsyncLLM.from_engine_args(engine_args, engine_process=own_process)
+    restart = getattr(args, "restart_engine_on_failure", False)
+    engine = AsyncLLM.from_engine_args(engine_args, engine_process=own_process,
+                                       restart_on_failure=restart)
     app = build_app(engine, args)
     host = args.host or "0.0.0.0"
     loop, http = http_stack()
     logger.info("Serving %s on http://%s:%d (OpenAI API under /v1; uvicorn with the %s event "
-                "loop and the %s HTTP parser)", served_names(args, engine)[0], host, args.port,
-                loop, http)
+                "loop and the %s HTTP parser); on engine failure the server %s",
+                served_names(args, engine)[0], host, args.port, loop, http,
+                "starts a new engine" if restart else "exits with status 1")
+    timeout = float(getattr(args, "shutdown_timeout", 5.0))
+    config = uvicorn.Config(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
+                            access_log=not args.disable_uvicorn_access_log, timeout_keep_alive=5,
+                            # the margin lets streams ended at the timeout send their last events
+                            timeout_graceful_shutdown=timeout + 2.0, loop=loop, http=http)
+    server = GracefulServer(config, engine, timeout)
+    app.state.server = server
+    # uvicorn raises the signal it stopped on again once it is done; SIGTERM's default action
+    # would then kill the process with status -15, and a graceful stop must exit with 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(app, host=host, port=args.port, log_level=args.uvicorn_log_level,
-                    access_log=not args.disable_uvicorn_access_log, timeout_keep_alive=5,
-                    timeout_graceful_shutdown=5, loop=loop, http=http)
+        server.run()
     finally:
         engine.shutdown()
+    if getattr(app.state, "exit_code", 0):
+        sys.exit(app.state.exit_code)
 
 
 def make_parser() -> argparse.ArgumentParser:

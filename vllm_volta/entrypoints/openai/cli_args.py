@@ -36,6 +36,25 @@ _NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str, tuple[str, ...] | None]] 
 }
 
 
+def _number(text: str, minimum: float, inclusive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < minimum or (value == minimum and not inclusive) or value != value:
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, 0.0, inclusive=False)
+
+
+def _non_negative_float(text: str) -> float:
+    return _number(text, 0.0, inclusive=True)
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every flag of the server (shared by `vllm-volta serve` and api_server)."""
     from vllm_volta.engine.arg_utils import EngineArgs
@@ -44,7 +63,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--host", type=str, default=None, help="Host to bind (default: all).")
     group.add_argument("--port", type=int, default=8000, help="Port to listen on.")
     group.add_argument("--api-key", type=str, default=None,
-                       help="Require 'Authorization: Bearer <key>' on /v1/*.")
+                       help="Require 'Authorization: Bearer <key>' on every route but /health "
+                            "(and /metrics with --metrics-without-auth).")
     group.add_argument("--chat-template", type=str, default=None,
                        help="Chat template: a file path or the Jinja template inline.")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -67,6 +87,20 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "(scheduling, launches, outputs) does not share the interpreter "
                             "lock with the HTTP event loop. Default: on with a GPU, off on CPU "
                             "(where the forward pass, not the host, is the limit).")
+    group.add_argument("--max-request-body-mb", type=_positive_float, default=32.0,
+                       help="Refuse request bodies over this many MB with 413, before reading "
+                            "them whole (default 32).")
+    group.add_argument("--metrics-without-auth", action="store_true",
+                       help="With --api-key, serve /metrics without the key (for a scraper); "
+                            "/health never needs it.")
+    group.add_argument("--restart-engine-on-failure", action="store_true",
+                       help="When the engine dies (engine core process gone, CUDA error, lost "
+                            "tensor-parallel worker), start a new one and keep serving; the "
+                            "requests in flight fail. Default: the server exits with status 1, "
+                            "for a supervisor to restart it.")
+    group.add_argument("--shutdown-timeout", type=_non_negative_float, default=5.0,
+                       help="On SIGTERM, seconds running requests get to finish before they are "
+                            "ended with an error (streams: an error event, then [DONE]).")
     EngineArgs.add_cli_args(parser.add_argument_group("engine"))
     compat = parser.add_argument_group("vLLM flags with no effect here (accepted so vLLM commands run)")
     for flag, (kwargs, why, _) in _NO_EFFECT_FLAGS.items():

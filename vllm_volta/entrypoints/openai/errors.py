@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vllm_volta.engine.engine_errors import EngineDeadError, ServerShuttingDown
 from vllm_volta.logger import init_logger
 
 logger = init_logger(__name__)
@@ -85,6 +86,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         return error_response(message, exc.status_code)
+
+    @app.exception_handler(EngineDeadError)
+    @app.exception_handler(ServerShuttingDown)
+    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+        # Not the request's fault: a supervisor restarts the server, the client retries.
+        return error_response(f"Service unavailable: {exc}", 503)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -13,6 +13,7 @@ from vllm_volta.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 from vllm_volta.entrypoints.openai.serving_engine import (
     LOGPROB_FLOOR, ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s,
     random_id, sse, stream_error, usage_dict)
+from vllm_volta.entrypoints.openai.request_body import off_loop
 from vllm_volta.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningStream, bind_prompt
 from vllm_volta.entrypoints.openai.tool_parsers import (TOOL_PARSERS, NamedToolCall, RequiredToolCalls,
                                                         ToolParser, bind_tools)
@@ -57,12 +58,16 @@ class OpenAIServingChat(OpenAIServing):
         self.check_logprobs(request.prompt_logprobs, "prompt_logprobs")
         tools = [t.model_dump() for t in request.tools] if request.tools else None
         parser, forced = self._tool_calls(request, tools)
-        prompt = self.render_chat(
-            request.messages, add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template=request.chat_template, template_kwargs=request.chat_template_kwargs,
-            tools=tools)
-        prompt_ids = self.tokenize(prompt, request.add_special_tokens)
+
+        def prompt_ids_of() -> list[int]:  # templating and tokenizing: off the event loop
+            prompt = self.render_chat(
+                request.messages, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template=request.chat_template, template_kwargs=request.chat_template_kwargs,
+                tools=tools)
+            return self.tokenize(prompt, request.add_special_tokens, "messages")
+
+        prompt_ids = await off_loop(prompt_ids_of)
         param = "max_completion_tokens" if request.max_completion_tokens is not None \
             else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.max_new_tokens, param)

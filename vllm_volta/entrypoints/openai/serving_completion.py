@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import CompletionRequest
+from vllm_volta.entrypoints.openai.request_body import off_loop
 from vllm_volta.entrypoints.openai.serving_engine import (
     ChunkEncoder, OpenAIServing, clamp_logprob, collect_final, merge_streams, now_s, random_id,
     sse, stream_error, usage_dict)
@@ -29,7 +30,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError("best_of must equal n (other values are not supported)", 400,
                               "best_of")
         prompts = request.prompts()
-        prompt_ids = [self.tokenize(p, request.add_special_tokens) for p in prompts]
+        prompt_ids = await off_loop(
+            lambda: [self.tokenize(p, request.add_special_tokens) for p in prompts])
         longest = max(len(ids) for ids in prompt_ids)
         max_tokens = self.resolve_max_tokens(longest, request.max_tokens)
         kwargs = request.sampling_kwargs()
@@ -40,9 +42,10 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.make_sampling_params(max_tokens=max_tokens, **kwargs)
         request_id = request.request_id or random_id("cmpl")
         # Without a tokenizer (--skip-tokenizer-init) only token-id prompts arrive; echo gives "".
-        prompt_texts = [p if isinstance(p, str) else
-                        (self.tokenizer.decode(ids) if self.tokenizer is not None else "")
-                        for p, ids in zip(prompts, prompt_ids)]
+        prompt_texts = await off_loop(lambda: [
+            p if isinstance(p, str) else
+            (self.tokenizer.decode(ids) if self.tokenizer is not None else "")
+            for p, ids in zip(prompts, prompt_ids)])
         streams = await self.add_requests(request_id, prompt_ids, params)
         if request.stream:
             return StreamingResponse(

@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import EmbeddingRequest
+from vllm_volta.entrypoints.openai.request_body import off_loop
 from vllm_volta.entrypoints.openai.serving_engine import OpenAIServing, collect_final, now_s, random_id
 from vllm_volta.pooling_params import PoolingParams
 
@@ -28,7 +29,8 @@ class OpenAIServingEmbedding(OpenAIServing):
 
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request | None = None) -> JSONResponse:
         self.check_model(request.model)
-        prompt_ids = [self.tokenize(p, request.add_special_tokens) for p in request.inputs()]
+        prompt_ids = await off_loop(
+            lambda: [self.tokenize(p, request.add_special_tokens, "input") for p in request.inputs()])
         for ids in prompt_ids:
             if len(ids) > self.max_model_len:
                 raise OpenAIError(f"This model's maximum context length is {self.max_model_len} tokens. "

@@ -14,11 +14,27 @@ from typing import Any
 from starlette.requests import Request
 
 from vllm_volta.engine.async_llm import AsyncLLM, RequestError, RequestStream
+from vllm_volta.engine.engine_errors import EngineDeadError, ServerShuttingDown
 from vllm_volta.entrypoints.openai.errors import OpenAIError, error_body
 from vllm_volta.sampling_params import SamplingParams
 
 # Logprobs of -inf are not valid JSON; clients get vLLM's floor instead.
 LOGPROB_FLOOR = -9999.0
+# Normalizers can shorten text (NFKC folds some sequences), so the token count bound taken
+# from the text's bytes is loosened by this factor before a prompt is refused untokenized.
+_NORMALIZE_SLACK = 4
+
+
+def max_token_bytes(tokenizer: Any) -> int | None:
+    """The most UTF-8 bytes any vocabulary entry spells (a byte-level or SentencePiece token
+    never covers more bytes of the text than its own string has), or None without one."""
+    if tokenizer is None:
+        return None
+    try:
+        return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_vocab()),
+                   default=None)
+    except Exception:  # a tokenizer without a readable vocabulary: no early bound
+        return None
 
 
 def random_id(prefix: str) -> str:
@@ -40,6 +56,7 @@ class OpenAIServing:
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
         self.tokenizer = engine.get_tokenizer()
+        self._token_bytes = max_token_bytes(self.tokenizer)
         # The model's recommended sampling defaults (--generation-config), for unset fields.
         model_config = getattr(engine, "model_config", None)
         self.default_sampling = (model_config.get_diff_sampling_param() if model_config is not None
@@ -67,12 +84,27 @@ class OpenAIServing:
                                   f"(allowed 0..{self.vocab_size - 1})", 400, param)
         return list(ids)
 
-    def tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
-        """Token ids of a prompt (text or ids); ids are checked against the vocabulary."""
+    def check_text_length(self, text: str, param: str = "prompt") -> None:
+        """400 before tokenizing when the text cannot fit max_model_len: it holds more bytes
+        than max_model_len of the vocabulary's longest tokens could spell."""
+        if self._token_bytes is None:
+            return
+        limit = self.max_model_len * self._token_bytes * _NORMALIZE_SLACK
+        if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has {len(text)} characters, more than that many tokens can hold. "
+                "Please reduce the length of the prompt.", 400, param)
+
+    def tokenize(self, prompt: str | list[int], add_special_tokens: bool,
+                 param: str = "prompt") -> list[int]:
+        """Token ids of a prompt (text or ids); ids are checked against the vocabulary.
+        Blocking: handlers call it through ``off_loop``."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise OpenAIError("text prompts need a tokenizer; this server was started with "
                                   "--skip-tokenizer-init, so send token ids", 400, "prompt")
+            self.check_text_length(prompt, param)
             ids = list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
         else:
             ids = self.check_token_ids(prompt, "prompt")
@@ -221,7 +253,9 @@ async def collect_final(streams: list[RequestStream],
             consumer.cancel()
             for s in streams:
                 s.close()
-    if consumer.cancelled():
+    if not consumer.done() or consumer.cancelled():
+        # The client left first: let the cancelled consumer finish (it has no result to read).
+        await asyncio.gather(consumer, return_exceptions=True)
         raise OpenAIError("Client disconnected", 499)
     try:
         consumer.result()
@@ -258,6 +292,8 @@ def stream_error(exc: Exception) -> str:
     """An error met after the stream started: sent as an event (headers are gone)."""
     if isinstance(exc, OpenAIError):
         status = exc.status
+    elif isinstance(exc, (EngineDeadError, ServerShuttingDown)):
+        status = 503  # not the request's fault: retry elsewhere or later
     else:  # RequestError (bad input found by the engine) is a ValueError
         status = 400 if isinstance(exc, ValueError) else 500
     return sse(error_body(str(exc), status))

@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from vllm_volta.entrypoints.openai.errors import OpenAIError
 from vllm_volta.entrypoints.openai.protocol import ResponsesRequest
+from vllm_volta.entrypoints.openai.request_body import off_loop
 from vllm_volta.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm_volta.entrypoints.openai.serving_engine import (collect_final, merge_streams, now_s, random_id,
                                                           stream_error)
@@ -32,7 +33,8 @@ class OpenAIServingResponses:
             if getattr(request, field):
                 raise OpenAIError(f"{field} is not supported on /v1/responses (use /v1/chat/completions "
                                   "for tools; responses are not stored)", 400, field)
-        prompt_ids = chat.tokenize(chat.render_chat(request.chat_messages()), False)
+        prompt_ids = await off_loop(
+            lambda: chat.tokenize(chat.render_chat(request.chat_messages()), False, "input"))
         max_tokens = chat.resolve_max_tokens(len(prompt_ids), request.max_output_tokens, "max_output_tokens")
         params = chat.make_sampling_params({"max_tokens": "max_output_tokens"}, max_tokens=max_tokens,
                                            **request.sampling_kwargs())
