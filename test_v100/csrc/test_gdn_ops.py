@@ -1,11 +1,8 @@
-"""Gated DeltaNet ops (layers/gdn_ops.py, csrc/gdn_kernels.cu).
-
-CPU: the PyTorch path against a step-by-step float64 recurrence written here and against
-transformers' own Qwen3.5 functions (recurrence, causal conv1d), across calls (chunked prefill,
-then decodes) with states written back by slot; argument errors of both paths.
-GPU: the CUDA kernels against the PyTorch path run in float64, float16 and float32 activations,
-awkward head sizes, strided inputs, fused gates, every tile width, skipped and padded rows.
-"""
+"""Gated DeltaNet ops (layers/gdn_ops.py) on CPU: the PyTorch path against a step-by-step
+float64 recurrence (gdn_cases.py) and against transformers' own Qwen3.5 functions (recurrence,
+causal conv1d), across calls (chunked prefill, then decodes) with states written back by slot;
+argument errors of the PyTorch path and of the CUDA ops' checks (their Meta kernels).
+The CUDA kernels are tested in test_gdn_kernels.py."""
 
 from __future__ import annotations
 
@@ -15,67 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vllm_volta._custom_ops  # noqa: F401  (registers torch.ops._C.*)
 from vllm_volta.model_executor.layers import gdn_ops
 from vllm_volta.model_executor.layers import gdn_reference as ref
 
-from .op_cases import requires_gpu
-
-
-def _qsl(lens: list[int]) -> torch.Tensor:
-    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
-
-
-def make_gdn(lens: list[int], hk: int, hv: int, dk: int, dv: int, *, dtype=torch.float32, fused: bool = True,
-             strided: bool = False, num_slots: int = 9, seed: int = 0, state_dtype=torch.float32) -> dict:
-    """Inputs of one varlen call (CPU): q, k, v (views of one wide buffer if strided), gates,
-    a random state per slot and distinct random slots (never 0)."""
-    gen = torch.Generator().manual_seed(seed)
-    n = sum(lens)
-    width = 2 * hk * dk + hv * dv + (5 if strided else 0)
-    buf = torch.randn(n, width, generator=gen).to(dtype)
-    if not strided:
-        buf = buf.contiguous()
-    q = buf[:, :hk * dk].view(n, hk, dk)
-    k = buf[:, hk * dk:2 * hk * dk].view(n, hk, dk)
-    v = buf[:, 2 * hk * dk:2 * hk * dk + hv * dv].view(n, hv, dv)
-    if not strided:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if fused:
-        a = torch.randn(n, hv, generator=gen).to(dtype)
-        b = torch.randn(n, hv, generator=gen).to(dtype)
-        A_log = torch.empty(hv).uniform_(1, 16, generator=gen).log()
-        dt_bias = torch.randn(hv, generator=gen)
-    else:
-        a = -torch.empty(n, hv).uniform_(0.01, 2.0, generator=gen)  # g, the log decay
-        b = torch.rand(n, hv, generator=gen)  # beta
-        A_log = dt_bias = None
-    state = (0.5 * torch.randn(num_slots, hv, dk, dv, generator=gen)).to(state_dtype)
-    slots = (torch.randperm(num_slots - 1, generator=gen)[:len(lens)] + 1).to(torch.int32)
-    return dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, state_slots=slots,
-                query_start_loc=_qsl(lens))
-
-
-def naive_recurrence(q, k, v, g, beta, s0, scale, l2norm):
-    """Token by token, head by head, in float64: S <- S e^g; S <- S + k (beta (v - S^T k))^T; o = S^T q."""
-    hv, group = v.shape[1], v.shape[1] // q.shape[1]
-    out = torch.zeros(v.shape, dtype=torch.float64)
-    s_all = s0.double().clone()
-    for h in range(hv):
-        s = s_all[h]
-        for t in range(q.shape[0]):
-            qt, kt = q[t, h // group].double(), k[t, h // group].double()
-            if l2norm:
-                qt = qt / torch.sqrt((qt * qt).sum() + 1e-6)
-                kt = kt / torch.sqrt((kt * kt).sum() + 1e-6)
-            s = s * torch.exp(g[t, h].double())
-            delta = beta[t, h].double() * (v[t, h].double() - s.T @ kt)
-            s = s + torch.outer(kt, delta)
-            out[t, h] = s.T @ (qt * scale)
-        s_all[h] = s
-    return out, s_all
-
-
-# ---------------------------------------------------------------- CPU: the PyTorch path
+from .gdn_cases import continue_across_calls, make_conv, make_gdn, naive_recurrence
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -119,30 +60,10 @@ def test_reference_matches_transformers_qwen3_5():
         torch.testing.assert_close(x["state"][slot], s[0], rtol=1e-5, atol=1e-5)
 
 
-def _continue_across_calls(x: dict, split: int, num_decodes: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence (tokens of x) as prefill [0, split), prefill [split, n - num_decodes), then
-    decodes; returns the concatenated outputs and the state tensor after the calls."""
-    move = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
-    n = move["q"].shape[0]
-    slot = move["state_slots"][:1]
-    outs = []
-    bounds = [(0, split, False), (split, n - num_decodes, True)]
-    for lo, hi, init in bounds:
-        qsl = torch.tensor([0, hi - lo], dtype=torch.int32, device=device)
-        outs.append(gdn_ops.gated_delta_rule_prefill(
-            move["q"][lo:hi], move["k"][lo:hi], move["v"][lo:hi], move["a"][lo:hi], move["b"][lo:hi], move["state"],
-            slot, qsl, torch.tensor([init], device=device), A_log=move["A_log"], dt_bias=move["dt_bias"]))
-    for t in range(n - num_decodes, n):
-        outs.append(gdn_ops.gated_delta_rule_decode(
-            move["q"][t:t + 1], move["k"][t:t + 1], move["v"][t:t + 1], move["a"][t:t + 1], move["b"][t:t + 1],
-            move["state"], slot, A_log=move["A_log"], dt_bias=move["dt_bias"]))
-    return torch.cat(outs).cpu(), move["state"].cpu()
-
-
 def test_reference_continues_across_calls_and_writes_only_its_slot():
     x = make_gdn([12], 2, 4, 8, 8, dtype=torch.float64, state_dtype=torch.float64)
     state0 = x["state"].clone()
-    out, state = _continue_across_calls(dict(x, state=x["state"].clone()), 5, 3, "cpu")
+    out, state = continue_across_calls(dict(x, state=x["state"].clone()), 5, 3, "cpu")
     whole = x["state"].clone()
     expected = gdn_ops.gated_delta_rule_prefill(x["q"], x["k"], x["v"], x["a"], x["b"], whole, x["state_slots"],
                                                 x["query_start_loc"], torch.tensor([False]), A_log=x["A_log"],
@@ -163,19 +84,6 @@ def test_reference_skips_negative_slots():
     slot = int(x["state_slots"][0])
     others = [s for s in range(state0.shape[0]) if s != slot]
     assert torch.equal(x["state"][others], state0[others]) and not torch.equal(x["state"][slot], state0[slot])
-
-
-def make_conv(lens: list[int], channels: int, width: int, *, dtype=torch.float32, bias: bool = True,
-              transposed_state: bool = False, num_slots: int = 7, seed: int = 0, strided: bool = False) -> dict:
-    gen = torch.Generator().manual_seed(seed)
-    n = sum(lens)
-    x = torch.randn(n, channels + (3 if strided else 0), generator=gen).to(dtype)[:, :channels]
-    weight = (0.5 * torch.randn(channels, width, generator=gen)).to(dtype)
-    b = torch.randn(channels, generator=gen).to(dtype) if bias else None
-    st = torch.randn(num_slots, width - 1, channels, generator=gen).to(dtype)
-    conv_state = st.transpose(1, 2) if transposed_state else st.transpose(1, 2).contiguous()
-    slots = (torch.randperm(num_slots - 1, generator=gen)[:len(lens)] + 1).to(torch.int32)
-    return dict(x=x, weight=weight, bias=b, conv_state=conv_state, state_slots=slots, query_start_loc=_qsl(lens))
 
 
 @pytest.mark.parametrize("width", [2, 3, 4])
@@ -234,3 +142,82 @@ def test_conv_python_path_names_the_bad_argument():
     with pytest.raises(ValueError, match=r"causal_conv1d_fn: 'conv_state' must be \[num_slots, 6, 3\]"):
         gdn_ops.causal_conv1d_fn(c["x"], c["weight"], None, c["conv_state"][:, :, :2], c["query_start_loc"],
                                  c["state_slots"])
+
+
+# ---------------------------------------------------------------- the CUDA ops' checks (Meta kernels)
+
+
+def _meta_gdn(**overrides) -> dict:
+    """Valid prefill arguments on the meta device (2 sequences, 5 tokens), with overrides."""
+    def m(*shape, dtype=torch.float16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+    args = dict(out=m(5, 4, 6), q=m(5, 40)[:, :16].view(5, 2, 8), k=m(5, 2, 8), v=m(5, 4, 6), a=m(5, 4),
+                b=m(5, 4, dtype=torch.float32), state=m(3, 4, 8, 6, dtype=torch.float32),
+                state_slots=m(2, dtype=torch.int32), query_start_loc=m(3, dtype=torch.int32),
+                has_initial_state=m(2, dtype=torch.bool), scale=0.3, qk_l2norm=True,
+                A_log=m(4, dtype=torch.float32), dt_bias=m(4, dtype=torch.float32), col_threads=0)
+    args.update(overrides)
+    return args
+
+
+def _m(*shape, dtype=torch.float16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+META_BAD_ARGS = [
+    (dict(k=_m(5, 2, 8, dtype=torch.float32)), "'k' has dtype float32 but 'q' has float16; they must match"),
+    (dict(q=_m(5, 16, 2).transpose(1, 2)), "'q' must have its heads packed in each token row"),
+    (dict(v=_m(5, 3, 6), out=_m(5, 3, 6)), "the value heads of 'v' (3) must be a multiple of the key heads"),
+    (dict(q=_m(5, 2, 300), k=_m(5, 2, 300)), "the key head dim of 'q' / 'k' must be in [1, 256], got 300"),
+    (dict(out=_m(5, 6, 4).transpose(1, 2)), "'out' must be contiguous"),
+    (dict(a=_m(5, 3)), "'a' must be [5, 4] (tokens, value heads)"),
+    (dict(state=_m(3, 4, 8, 6, dtype=torch.bfloat16)), "'state' must be float32 or the dtype of 'q' (float16)"),
+    (dict(state=_m(3, 4, 6, 8, dtype=torch.float32)), "'state' must be [num_slots, 4, 8, 6]"),
+    (dict(state_slots=_m(2, dtype=torch.int64)), "'state_slots' must be a contiguous 1-D int32 tensor"),
+    (dict(query_start_loc=_m(2, dtype=torch.int32)), "'query_start_loc' must have 3 entries, got 2"),
+    (dict(has_initial_state=_m(2, dtype=torch.int32)), "'has_initial_state' must be a contiguous 1-D bool tensor"),
+    (dict(scale=0.0), "'scale' must be > 0"),
+    (dict(dt_bias=None), "'A_log' and 'dt_bias' must be given together"),
+    (dict(A_log=_m(3, dtype=torch.float32)), "'A_log' must be a contiguous 1-D tensor of 4 entries"),
+]
+
+_HAS_GDN_OPS = hasattr(torch.ops._C, "gated_delta_rule_prefill")
+needs_gdn_ops = pytest.mark.skipif(not _HAS_GDN_OPS, reason="the built extension predates the Gated DeltaNet ops")
+
+
+@needs_gdn_ops
+@pytest.mark.parametrize("override,message", META_BAD_ARGS)
+def test_cuda_op_checks_name_the_bad_argument(override, message):
+    with pytest.raises(RuntimeError, match=re.escape(f"gated_delta_rule_prefill: {message}")):
+        torch.ops._C.gated_delta_rule_prefill(**_meta_gdn(**override))
+
+
+@needs_gdn_ops
+def test_cuda_op_checks_accept_valid_arguments():
+    torch.ops._C.gated_delta_rule_prefill(**_meta_gdn())
+    torch.ops._C.gated_delta_rule_prefill(**_meta_gdn(has_initial_state=None, A_log=None, dt_bias=None))
+    args = _meta_gdn(q=_m(2, 2, 8), k=_m(2, 2, 8), v=_m(2, 4, 6), out=_m(2, 4, 6), a=_m(2, 4), b=_m(2, 4))
+    for key in ("query_start_loc", "has_initial_state"):
+        del args[key]
+    torch.ops._C.gated_delta_rule_decode(**args)
+    with pytest.raises(RuntimeError, match=re.escape("gated_delta_rule_decode: 'state_slots' must have one entry "
+                                                     "per token row of 'q' (2), got 3")):
+        torch.ops._C.gated_delta_rule_decode(**dict(args, state_slots=_m(3, dtype=torch.int32)))
+
+
+@needs_gdn_ops
+def test_cuda_conv_checks_name_the_bad_argument():
+    base = dict(out=_m(4, 12), x=_m(4, 20)[:, :12], weight=_m(12, 4), bias=None, conv_state=_m(3, 3, 12).transpose(1, 2),
+                query_start_loc=_m(3, dtype=torch.int32), state_slots=_m(2, dtype=torch.int32),
+                has_initial_state=None, silu=True)
+    torch.ops._C.causal_conv1d_fn(**base)
+    cases = [(dict(weight=_m(12, 5)), "the kernel size (columns of 'weight') must be in [2, 4], got 5"),
+             (dict(conv_state=_m(3, 12, 2)), "'conv_state' must be [num_slots, 12, 3]"),
+             (dict(bias=_m(11)), "'bias' must be a contiguous 1-D tensor of 12 entries"),
+             (dict(x=_m(4, 12, dtype=torch.float32)), "'out' has dtype float16 but 'x' has float32")]
+    for override, message in cases:
+        with pytest.raises(RuntimeError, match=re.escape(f"causal_conv1d_fn: {message}")):
+            torch.ops._C.causal_conv1d_fn(**dict(base, **override))
+    update = {k: v for k, v in base.items() if k not in ("query_start_loc", "has_initial_state")}
+    with pytest.raises(RuntimeError, match=re.escape("causal_conv1d_update: 'state_slots' must have one entry")):
+        torch.ops._C.causal_conv1d_update(**update)
