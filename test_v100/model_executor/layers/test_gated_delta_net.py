@@ -181,3 +181,22 @@ def test_bad_configs_name_the_field():
         GatedDeltaNet(transformers.Qwen3_5TextConfig(**{**LINEAR, "hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="in_proj_qkv"):
         _layers("qwen3_5")[1].load_hf_weight("in_proj_qkv.weight", torch.zeros(10, 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", list(HF_LAYERS))
+@torch.no_grad()
+def test_half_precision_prefill_matches_transformers(kind, dtype):
+    """In bfloat16 / float16 a whole-prompt prefill (two delta-rule chunks) rounds where
+    transformers' layer does (beta in the model dtype, g and the delta rule in float32, the gated
+    norm's casts): outputs equal to within one rounding of the model dtype."""
+    hf, ours = _layers(kind)
+    hf.to(dtype)
+    ours.to(dtype)
+    x = torch.randn(70, 32, generator=torch.Generator().manual_seed(2)).to(dtype)
+    spec = ours.state_spec(dtype)
+    state = tuple(torch.zeros((2, *shape), dtype=dt) for shape, dt in zip(spec.shapes, spec.dtypes))
+    md = build_attn_metadata([0], [70], [[0] * 20], 4, state_slots=[1])
+    out, ref = ours(x, state, md).float(), hf(x[None])[0].float()
+    tol = {torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]  # a unit in the last place
+    torch.testing.assert_close(out, ref, atol=tol * ref.abs().max().item(), rtol=0)
