@@ -119,13 +119,17 @@ def _layers(kind):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", list(HF_LAYERS))
+@pytest.mark.parametrize("ops", ["auto", "gdn_ops"])
 @torch.no_grad()
-def test_layer_matches_transformers_over_varlen_steps(kind, device):
+def test_layer_matches_transformers_over_varlen_steps(kind, device, ops):
     """Prefills, prefill chunks continuing from saved state, single-token sequences (new and
     continuing) next to them, and pure decode steps: every output row equals transformers' layer
-    run over the whole sequence. Fresh slots hold NaN: a new sequence must not read its slot."""
+    run over the whole sequence. Fresh slots hold NaN: a new sequence must not read its slot.
+    ``ops``: the layer's choice (CPU: the PyTorch ops; a GPU: the CUDA kernels where built), or
+    layers/gdn_ops.py forced (its PyTorch path on CPU: the wiring of the kernels' arguments)."""
     hf, ours = _layers(kind)
     ours.to(device)
+    ours.use_kernels = True if ops == "gdn_ops" else None
     gen = torch.Generator().manual_seed(1)
     full = {s: torch.randn(n, 32, generator=gen) for s, n in (("a", 75), ("b", 12), ("c", 4), ("d", 3))}
     ref = {s: hf(x[None])[0] for s, x in full.items()}

@@ -10,6 +10,10 @@ Value heads outnumber key heads: value head j reads key head j // (num_v_heads /
 With tensor parallelism every rank holds a contiguous block of key heads and the value heads
 that read them (projection rows, conv channels, A_log, dt_bias); out_proj sums the ranks.
 
+The conv and the delta rule run as the CUDA kernels of layers/gdn_ops.py where the input is on a
+GPU and the build has them (gates fused in the kernel, no host sync), else as the PyTorch ops of
+fla_ops (decode steps batched; prefills one sequence at a time, the delta rule in chunks of 64).
+
 State per request (one slot of each tensor, kv_cache_spec.MambaSpec):
 - conv state [conv_dim, K - 1], model dtype: the last K - 1 conv inputs of each channel
   (channels are q, then k, then v, this rank's);
@@ -27,11 +31,14 @@ from torch import nn
 
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.core.kv_cache_spec import MambaSpec
+from vllm_volta.logger import info_once, init_logger
 from vllm_volta.model_executor.layers import fla_ops
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, RowParallelLinear,
                                                      copy_weight, take_shard)
 from vllm_volta.model_executor.layers.parallel_state import (divide, get_tensor_model_parallel_rank,
                                                              get_tensor_model_parallel_world_size)
+
+logger = init_logger(__name__)
 
 _STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -91,6 +98,9 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = RowParallelLinear(value_dim, hidden)
         self.state_dtype = ssm_state_dtype(config)
         self._seen_parts: dict[str, set[int]] = {}  # fused projections' loaded shards
+        # None: the CUDA kernels (layers/gdn_ops.py) where the input is on a GPU and the build
+        # has them, else the PyTorch ops (fla_ops); True / False force one (tests).
+        self.use_kernels: bool | None = None
 
     def state_spec(self, dtype: torch.dtype) -> MambaSpec:
         """This rank's per-request state: (conv state, recurrent state), conv in ``dtype``."""
@@ -109,20 +119,57 @@ class GatedDeltaNet(nn.Module):
         qkvz = self.in_proj_qkvz(x)
         mixed, z = qkvz.split([self.conv_dim, self.num_v_heads * self.head_v_dim], dim=-1)
         b, a = self.in_proj_ba(x).split(self.num_v_heads, dim=-1)
-        beta = torch.sigmoid(b).float()  # in the model dtype, then float32 (as transformers)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        core = torch.zeros(x.shape[0], self.num_v_heads, self.head_v_dim, dtype=torch.float32,
-                           device=x.device)
-        if md.max_query_len <= 1:
-            # Decode: token i is sequence i; batched, no host sync.
-            rows = md.state_slots.shape[0]
-            seqs = torch.arange(rows, device=x.device)
-            self._decode(seqs, seqs, mixed, beta, g, state, md, core)
+        if self._use_kernels(x):
+            core = self._forward_kernels(mixed, a, b, state, md)
         else:
-            self._mixed(mixed, beta, g, state, md, core)
+            core = self._forward_torch(mixed, a, b, state, md)
         out = fla_ops.gated_rms_norm(core.to(x.dtype).view(-1, self.head_v_dim),
                                      z.reshape(-1, self.head_v_dim), self.norm_weight, self.eps)
         return self.out_proj(out.view(x.shape[0], -1))
+
+    def _use_kernels(self, x: torch.Tensor) -> bool:
+        if self.use_kernels is not None:
+            return self.use_kernels
+        if not x.is_cuda:
+            return False
+        from vllm_volta import _custom_ops
+        found = all(_custom_ops.has_cuda_kernel(op) for op in ("causal_conv1d_fn", "gated_delta_rule_prefill"))
+        info_once(logger, "Gated DeltaNet layers: %s", "the CUDA kernels (gdn_ops)" if found
+                  else "PyTorch ops on the GPU (this build has no Gated DeltaNet kernels)")
+        return found
+
+    def _forward_kernels(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                         state: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        """The conv and the delta rule through layers/gdn_ops.py (gates fused in the kernel):
+        the varlen ops for every step, as they take has_initial_state (a new sequence never reads
+        its slot); no host sync."""
+        from vllm_volta.model_executor.layers import gdn_ops
+
+        conv_state, ssm_state = state
+        qsl, n = md.query_start_loc, mixed.shape[0]
+        continues = (md.seq_lens - (qsl[1:] - qsl[:-1])) > 0
+        conv_out = gdn_ops.causal_conv1d_fn(mixed.contiguous(), self.conv_weight, None, conv_state, qsl,
+                                            md.state_slots, continues, activation="silu")
+        q, k, v = conv_out.split(self.split, dim=-1)
+        return gdn_ops.gated_delta_rule_prefill(
+            q.view(n, self.num_k_heads, self.head_k_dim), k.view(n, self.num_k_heads, self.head_k_dim),
+            v.view(n, self.num_v_heads, self.head_v_dim), a.contiguous(), b.contiguous(), ssm_state,
+            md.state_slots, qsl, continues, A_log=self.A_log, dt_bias=self.dt_bias, qk_l2norm=True)
+
+    def _forward_torch(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                       state: tuple[torch.Tensor, torch.Tensor], md: AttentionMetadata) -> torch.Tensor:
+        """The PyTorch ops (fla_ops): decode steps batched, prefills one sequence at a time."""
+        beta = torch.sigmoid(b).float()  # in the model dtype, then float32 (as transformers)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        core = torch.zeros(mixed.shape[0], self.num_v_heads, self.head_v_dim, dtype=torch.float32,
+                           device=mixed.device)
+        if md.max_query_len <= 1:
+            # Decode: token i is sequence i; batched, no host sync.
+            seqs = torch.arange(md.state_slots.shape[0], device=mixed.device)
+            self._decode(seqs, seqs, mixed, beta, g, state, md, core)
+        else:
+            self._mixed(mixed, beta, g, state, md, core)
+        return core
 
     def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv outputs [N, conv_dim] -> q, k [N, Hv, Dk] (normalised, q scaled), v [N, Hv, Dv],
