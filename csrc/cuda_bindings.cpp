@@ -33,4 +33,11 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&awq_gemv));
+  m.impl("topk_softmax", TORCH_BOX(&topk_softmax));
+  m.impl("topk_sigmoid", TORCH_BOX(&topk_sigmoid));
+  m.impl("moe_align_block_size", TORCH_BOX(&moe_align_block_size));
+  m.impl("moe_sum", TORCH_BOX(&moe_sum));
+  m.impl("moe_gemv_silu_and_mul", TORCH_BOX(&moe_gemv_silu_and_mul));
+  m.impl("moe_gemv_down_sum", TORCH_BOX(&moe_gemv_down_sum));
+  m.impl("moe_grouped_gemm", TORCH_BOX(&moe_grouped_gemm));
 }

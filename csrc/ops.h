@@ -48,6 +48,17 @@ void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional
                           std::optional<Tensor> norm_weight, double epsilon);
 void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
+void meta_topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
+void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
+                               Tensor experts_ids, Tensor num_tokens_post_pad);
+void meta_moe_sum(Tensor input, Tensor output);
+void meta_moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
+void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
+                            int64_t rows_per_block);
+void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
+                           Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
+                           int64_t block_size);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -91,6 +102,19 @@ void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tens
 // ---- AWQ 4-bit weights, float16, Volta-safe, CUDA in every build (csrc/awq_kernels.cu) ----
 void awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+
+// ---- mixture of experts: routing, expert order, decode GEMVs, grouped GEMM (csrc/moe_kernels.cu) ----
+void topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
+void topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
+void moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
+                          Tensor experts_ids, Tensor num_tokens_post_pad);
+void moe_sum(Tensor input, Tensor output);
+void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
+void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
+                       int64_t rows_per_block);
+void moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
+                      Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
+                      int64_t block_size);
 #endif
 
 }  // namespace vllm_volta

@@ -11,6 +11,7 @@
 #include "attention_checks.h"
 #include "awq_checks.h"
 #include "gemv_checks.h"
+#include "moe_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
 #include "sampling_checks.h"
@@ -93,6 +94,30 @@ void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scale
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) {
   check_awq_gemv_args(out, input, qweight, qzeros, scales);
 }
+void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output) {
+  check_topk_args("topk_softmax", topk_weights, topk_ids, token_expert_indices, gating_output);
+}
+void meta_topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output) {
+  check_topk_args("topk_sigmoid", topk_weights, topk_ids, token_expert_indices, gating_output);
+}
+void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
+                               Tensor experts_ids, Tensor num_tokens_post_pad) {
+  check_moe_align_args(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad);
+}
+void meta_moe_sum(Tensor input, Tensor output) { check_moe_sum_args(input, output); }
+void meta_moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
+  check_moe_gemv_args("moe_gemv_silu_and_mul", out, input, w13, topk_ids, std::nullopt, rows_per_block, true);
+}
+void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
+                            int64_t rows_per_block) {
+  check_moe_gemv_args("moe_gemv_down_sum", out, input, w2, topk_ids, topk_weights, rows_per_block, false);
+}
+void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
+                           Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
+                           int64_t block_size) {
+  check_moe_gemm_args(out, input, weight, sorted_token_ids, experts_ids, num_tokens_post_pad, topk_weights, top_k,
+                      block_size);
+}
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
 }
@@ -160,6 +185,25 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [K, N] = the float16 weight; out [M, N] = input [M, K] @ that weight for 1 <= M <= 4.
   m.def("awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
   m.def("awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
+  // Mixture of experts (vLLM's schemas where vLLM has the op). Routing: each token's top_k experts
+  // by softmax (sigmoid) score of gating_output [T, E]: weights float32, ids int32, largest first.
+  m.def("topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor! token_expert_indices, "
+        "Tensor gating_output) -> ()");
+  m.def("topk_sigmoid(Tensor! topk_weights, Tensor! topk_ids, Tensor! token_expert_indices, "
+        "Tensor gating_output) -> ()");
+  // The (token, expert) pairs sorted by expert, each expert padded to a multiple of block_size.
+  m.def("moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, Tensor! sorted_token_ids, "
+        "Tensor! experts_ids, Tensor! num_tokens_post_pad) -> ()");
+  m.def("moe_sum(Tensor input, Tensor! output) -> ()");
+  // Decode: out [T, k, I] = silu(gate) * up of each token's chosen experts (w13 [E, 2I, H]);
+  // out [T, H] = sum_j topk_weights[t, j] * input[t, j] @ w2[e]^T (w2 [E, H, I]).
+  m.def("moe_gemv_silu_and_mul(Tensor! out, Tensor input, Tensor w13, Tensor topk_ids, "
+        "int rows_per_block=0) -> ()");
+  m.def("moe_gemv_down_sum(Tensor! out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights, "
+        "int rows_per_block=0) -> ()");
+  // Prefill: out [P, N] rows p = input[p / top_k] @ weight[e]^T (x topk_weights[p]) over sorted blocks.
+  m.def("moe_grouped_gemm(Tensor! out, Tensor input, Tensor weight, Tensor sorted_token_ids, "
+        "Tensor experts_ids, Tensor num_tokens_post_pad, Tensor? topk_weights, int top_k, int block_size) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -185,6 +229,13 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&meta_awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
+  m.impl("topk_softmax", TORCH_BOX(&meta_topk_softmax));
+  m.impl("topk_sigmoid", TORCH_BOX(&meta_topk_sigmoid));
+  m.impl("moe_align_block_size", TORCH_BOX(&meta_moe_align_block_size));
+  m.impl("moe_sum", TORCH_BOX(&meta_moe_sum));
+  m.impl("moe_gemv_silu_and_mul", TORCH_BOX(&meta_moe_gemv_silu_and_mul));
+  m.impl("moe_gemv_down_sum", TORCH_BOX(&meta_moe_gemv_down_sum));
+  m.impl("moe_grouped_gemm", TORCH_BOX(&meta_moe_grouped_gemm));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

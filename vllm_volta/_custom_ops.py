@@ -254,3 +254,60 @@ def awq_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, qzer
              scales: torch.Tensor) -> None:
     """out [M, N] float16 <- input [M, K] @ the AWQ weight, for 1 <= M <= 4 rows (decode). CUDA only."""
     torch.ops._C.awq_gemv(out, input, qweight, qzeros, scales)
+
+
+def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
+                 gating_output: torch.Tensor) -> None:
+    """Each token's top-k experts by softmax of ``gating_output`` [T, E] (FP32 math): ``topk_weights``
+    float32 [T, k] (largest first, not renormalized), ``topk_ids`` int32, ``token_expert_indices``
+    int32 (j * T + t, vLLM's). Every id is in [0, E), NaN logits included. CUDA only."""
+    torch.ops._C.topk_softmax(topk_weights, topk_ids, token_expert_indices, gating_output)
+
+
+def topk_sigmoid(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
+                 gating_output: torch.Tensor) -> None:
+    """``topk_softmax`` with a per-expert sigmoid score instead of the softmax. CUDA only."""
+    torch.ops._C.topk_sigmoid(topk_weights, topk_ids, token_expert_indices, gating_output)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
+                         sorted_token_ids: torch.Tensor, experts_ids: torch.Tensor,
+                         num_tokens_post_pad: torch.Tensor) -> None:
+    """The (token, expert) pairs of ``topk_ids`` (int32 [T, k]) sorted by expert, each expert padded
+    to a multiple of ``block_size`` with the id T k; ``experts_ids`` one expert per block (-1 past
+    the end); ``num_tokens_post_pad`` [1] the padded length (layers/moe_routing.py). CUDA only."""
+    torch.ops._C.moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
+                                      num_tokens_post_pad)
+
+
+def moe_sum(input: torch.Tensor, output: torch.Tensor) -> None:
+    """``output`` [T, H] <- ``input`` [T, k, H] summed over k in FP32. CUDA only."""
+    torch.ops._C.moe_sum(input, output)
+
+
+def moe_gemv_silu_and_mul(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
+                          rows_per_block: int = 0) -> None:
+    """Decode gate_up of each token's chosen experts: ``out`` [T, k, I] <- silu(gate) * up with
+    [gate | up] = ``input`` [T, H] @ ``w13``[e] [2I, H]^T, e = ``topk_ids`` [t, j] (int32). Only the
+    chosen experts' rows are read (16-byte loads, FP32 accumulation). CUDA; float16 / float32
+    (bfloat16 on SM80+)."""
+    torch.ops._C.moe_gemv_silu_and_mul(out, input, w13, topk_ids, rows_per_block)
+
+
+def moe_gemv_down_sum(out: torch.Tensor, input: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                      topk_weights: torch.Tensor, rows_per_block: int = 0) -> None:
+    """Decode down projection and top-k sum: ``out`` [T, H] <- sum_j ``topk_weights``[t, j] *
+    ``input``[t, j] @ ``w2``[e] [H, I]^T in FP32, rounded once. CUDA; dtypes as above."""
+    torch.ops._C.moe_gemv_down_sum(out, input, w2, topk_ids, topk_weights, rows_per_block)
+
+
+def moe_grouped_gemm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                     sorted_token_ids: torch.Tensor, experts_ids: torch.Tensor,
+                     num_tokens_post_pad: torch.Tensor, topk_weights: torch.Tensor | None, top_k: int,
+                     block_size: int) -> None:
+    """Tensor-core grouped GEMM over expert-sorted pairs (``moe_align_block_size`` output for this
+    ``block_size``: 16, 32 or 64): ``out``[p] [N] <- ``input``[p // top_k] @ ``weight``[e] [N, K]^T
+    (times ``topk_weights``.flatten()[p]) for every pair p of a block of expert e. CUDA; float16
+    (bfloat16 on SM80+)."""
+    torch.ops._C.moe_grouped_gemm(out, input, weight, sorted_token_ids, experts_ids, num_tokens_post_pad,
+                                  topk_weights, top_k, block_size)

@@ -84,6 +84,15 @@ NVRTC_UNITS = {
                                                 ("kRopeCache", "false", "true"), ("kRopeCache", "true", "true"))],
     "kernels/awq.cuh": ["&vllm_volta::awq_dequantize_kernel", "&vllm_volta::awq_reduce_kernel"]
                        + [f"&vllm_volta::awq_gemv_kernel<{m}>" for m in (1, 2, 3, 4)],
+    "kernels/moe_routing.cuh": [f"&vllm_volta::topk_kernel<{t}, vllm_volta::MoeScore::{s}>"
+                                for t in ("__half", "float", "__nv_bfloat16") for s in ("kSoftmax", "kSigmoid")]
+                               + ["&vllm_volta::moe_align_block_size_kernel"]
+                               + [f"&vllm_volta::moe_sum_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
+    "kernels/moe_gemv.cuh": [f"&vllm_volta::{k}<{t}, {r}>" for k in ("moe_gemv_silu_and_mul_kernel",
+                                                                      "moe_gemv_down_sum_kernel")
+                             for t in ("__half", "float", "__nv_bfloat16") for r in (2, 4, 8)],
+    "kernels/moe_gemm.cuh": [f"&vllm_volta::moe_grouped_gemm_kernel<{t}, {bm}>"
+                             for t in ("__half", "__nv_bfloat16") for bm in (16, 32, 64)],
 }
 
 
@@ -103,6 +112,8 @@ def test_kernel_headers_compile_for_volta_with_nvrtc(header):
         assert "trap;" in ptx, "the bf16 instances should compile to a trap below SM80"
     if header == "kernels/paged_attention_tc.cuh":  # Volta's tensor cores, FP32 accumulation
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.(col|row)\.m8n32k16\.f32\.f32", ptx)
+    if header == "kernels/moe_gemm.cuh":  # the grouped GEMM on Volta's tensor cores
+        assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)
 
 
 @pytest.mark.skipif(load_nvrtc_12() is None, reason="NVRTC 12 for CUDA (pip nvidia-cuda-nvrtc-cu12) not installed")

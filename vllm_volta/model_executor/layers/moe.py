@@ -1,4 +1,4 @@
-"""Mixture-of-experts MLP (Mixtral, Qwen3-MoE) in PyTorch ops.
+"""Mixture-of-experts MLP (Mixtral, Qwen2/3-MoE).
 
 Each token's router logits (``gate``, a replicated linear layer) go through a float32 softmax;
 its ``top_k`` experts are the largest probabilities (renormalized to sum to 1 when
@@ -7,9 +7,12 @@ down(act(gate(x)) * up(x)). The experts' weights are stacked: ``w13`` [E, 2I, H]
 then up rows) and ``w2`` [E, H, I]; with tensor parallelism each rank holds a slice of every
 expert's intermediate size and the partial outputs are summed across ranks.
 
-The tokens are grouped by expert on the host (a device-to-host copy of the routing each layer),
-and each used expert runs two GEMMs on its tokens: correct on every device, but the shapes
-depend on the routing, so steps of MoE models run without CUDA graphs.
+On a GPU with the mixture-of-experts kernels (SiLU experts, float16 / float32, bfloat16 on SM80+)
+the routing (``topk_softmax``) and the experts (fused_moe.py: decode GEMVs over the chosen
+experts' rows, or a tensor-core grouped GEMM over expert-sorted tokens) run on the device with
+no host sync and shapes fixed by the token count, so MoE models run in CUDA graphs. Elsewhere
+(CPU, other activations) the tokens are grouped by expert on the host (a device-to-host copy of
+the routing each layer) and each used expert runs two GEMMs on its tokens.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vllm_volta.logger import info_once, init_logger
+from vllm_volta.model_executor.layers import fused_moe
 from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
 from vllm_volta.model_executor.layers.linear import ReplicatedLinear, copy_weight, take_shard
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce)
+from vllm_volta.model_executor.layers.moe_routing import select_experts
 from vllm_volta.model_executor.layers.quantization import current_quant_config
+
+logger = init_logger(__name__)
 
 
 class MoE(nn.Module):
@@ -45,7 +53,9 @@ class MoE(nn.Module):
                                 requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
                                requires_grad=False)
+        self.hidden_act = hidden_act
         self.act_fn = get_act_and_mul_fn(hidden_act)
+        self._kernel_device: str | None = None  # the device name tuned configs are looked up for
         # Gemma 4: each expert's routing weight is multiplied by a learned scale (after renormalize).
         self.per_expert_scale = (nn.Parameter(torch.ones(num_experts, dtype=dtype), requires_grad=False)
                                  if per_expert_scale else None)
@@ -62,21 +72,44 @@ class MoE(nn.Module):
         copy_weight(self.w13.data[expert, offset:offset + n], take_shard(loaded, 0, self.tp_rank, n, n * self.tp_size))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(expert ids [T, k], their weights [T, k] in x's dtype)."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)
-        if self.per_expert_scale is not None:
-            weights = weights * self.per_expert_scale[ids].float()
-        return ids, weights.to(x.dtype)
+        """(expert ids int32 [T, k], their weights float32 [T, k]), computed on x's device."""
+        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        return ids, weights
 
-    def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
-        """``router_input``: what the gate reads, when not ``x`` (Gemma 4 routes on its own norm
-        of the residual stream)."""
-        ids, weights = self.route(x if router_input is None else router_input)
+    def device_path_reason(self) -> str | None:
+        """Why the experts cannot run on the device path (fused_moe.py), or None if they can."""
+        return fused_moe.unsupported_reason(self.w13, self.w2, self.top_k, self.hidden_act)
+
+    def _kernel_config(self, tokens: int, dtype: torch.dtype) -> dict:
+        """The tuned launch parameters for this token count (fused_moe.py), else the defaults."""
+        from vllm_volta.kernel_configs import get_kernel_config
+        if self._kernel_device is None:
+            self._kernel_device = torch.cuda.get_device_name(self.w13.device)
+        default = fused_moe.default_config(tokens, self.num_experts, self.top_k, dtype)
+        config = get_kernel_config("fused_moe", tokens, default=default, device_name=self._kernel_device,
+                                   num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.w13.shape[2],
+                                   intermediate_size=self.intermediate, dtype=dtype)
+        return fused_moe.check_config(config, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        if x.is_cuda and self.device_path_reason() is None:
+            config = self._kernel_config(max(x.shape[0], 1), x.dtype)
+            # float32 has no tensor-core path: outside a graph capture its large batches go to
+            # cuBLAS per expert below (a host sync), faster than a GEMV per (token, expert) pair.
+            if x.dtype != torch.float32 or x.shape[0] <= fused_moe.DECODE_MAX_TOKENS or \
+                    torch.cuda.is_current_stream_capturing():
+                info_once(logger, "MoE experts on the device (%s): gemv path up to %d tokens, else "
+                          "%s", str(x.dtype).removeprefix("torch."), fused_moe.DECODE_MAX_TOKENS,
+                          "grouped GEMM" if x.dtype != torch.float32 else "cuBLAS per expert")
+                out = fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config)
+                return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+        return self._forward_host_grouped(x, ids, weights.to(x.dtype))
+
+    def _forward_host_grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Tokens grouped by expert on the host; two GEMMs per used expert."""
         out = torch.zeros_like(x)
-        flat = ids.flatten()
+        flat = ids.flatten().long()
         order = flat.argsort()
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync
         tokens = order // self.top_k
@@ -91,3 +124,10 @@ class MoE(nn.Module):
             out.index_add_(0, rows, h * w[:, None])
             start += count
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+
+
+def supports_cuda_graphs(model: nn.Module) -> bool:
+    """Whether every MoE layer of ``model`` runs on the device path (no host sync), so its steps
+    can be captured in CUDA graphs."""
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    return bool(moes) and all(m.device_path_reason() is None for m in moes)

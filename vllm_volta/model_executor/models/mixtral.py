@@ -15,6 +15,7 @@ from torch import nn
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.moe import MoE
+from vllm_volta.model_executor.layers.moe import supports_cuda_graphs as moe_supports_cuda_graphs
 from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
 from vllm_volta.model_executor.models.utils import load_hf_weights
 
@@ -56,7 +57,11 @@ class MixtralForCausalLM(LlamaForCausalLM):
     """MixtralForCausalLM; experts load from ``block_sparse_moe.experts.N.w1/w3/w2``."""
 
     decoder_layer_cls = MoEDecoderLayer
-    supports_cuda_graphs = False  # expert shapes follow the routing (layers/moe.py)
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """True when every MoE layer runs its routing and experts on the device (layers/moe.py)."""
+        return moe_supports_cuda_graphs(self)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The experts' weights into their MoE's stacked tensors (counted loaded once every

@@ -1,0 +1,109 @@
+"""The experts of a mixture-of-experts layer on the GPU, without a host sync (CUDA-graph capturable).
+
+Given each token's experts (int32 ids [T, k]) and routing weights (float32 [T, k]), two paths:
+
+- ``gemv`` (decode, a few tokens): ``moe_gemv_silu_and_mul`` reads the chosen experts' gate and up
+  rows once per (token, expert) pair and applies SiLU-and-mul; ``moe_gemv_down_sum`` reads their
+  down rows, weights each product and sums a token's k of them, in FP32. Two launches, no
+  intermediate but [T, k, I]. float16 / float32 (bfloat16 on SM80+).
+- ``gemm`` (prefill, larger batches; 16-bit dtypes): vLLM's fused-MoE design: the pairs sorted
+  by expert and padded per expert to ``block_size`` (``moe_align_block_size``), then the
+  tensor-core ``moe_grouped_gemm`` (WMMA, FP32 accumulation) for gate_up, ``silu_and_mul``, the
+  grouped GEMM for down with the routing weight applied, and ``moe_sum`` over each token's k rows.
+  Every used expert's weights are read once per block of ``block_size`` pairs.
+
+Which path, ``rows_per_block`` and ``block_size`` at a token count come from a tuned kernel
+config (op ``fused_moe``, keyed by the layer's shape, dtype and device:
+benchmarks/kernels/benchmark_moe.py --tune writes them), else the defaults below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_volta import _custom_ops as ops
+from vllm_volta.model_executor.layers.moe_routing import align_block_size
+
+DECODE_MAX_TOKENS = 8  # default: the gemv path up to here (each pair re-reads its expert's rows)
+PATHS = ("gemv", "gemm")
+BLOCK_SIZES = (16, 32, 64)
+ROWS_PER_BLOCK = (0, 2, 4, 8)
+
+
+def default_config(tokens: int, num_experts: int, top_k: int, dtype: torch.dtype) -> dict[str, Any]:
+    """Launch parameters before tuning: gemv for decode sizes (and float32, which has no tensor-core
+    path); else blocks that the average expert fills (16 rows while experts get few pairs)."""
+    if tokens <= DECODE_MAX_TOKENS or dtype == torch.float32:
+        return {"path": "gemv", "rows_per_block": 0}
+    per_expert = tokens * top_k / num_experts
+    return {"path": "gemm", "block_size": 16 if per_expert < 16 else 32 if per_expert < 64 else 64}
+
+
+def check_config(config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """A tuned entry's parameters, validated (bad files are clear errors, not wrong launches)."""
+    path = config.get("path")
+    if path not in PATHS:
+        raise ValueError(f"fused_moe config: 'path' must be one of {PATHS}, got {path!r}")
+    if path == "gemm" and dtype == torch.float32:
+        raise ValueError("fused_moe config: 'path' 'gemm' needs float16 or bfloat16 weights")
+    if path == "gemm" and config.get("block_size") not in BLOCK_SIZES:
+        raise ValueError(f"fused_moe config: 'block_size' must be one of {BLOCK_SIZES}, got "
+                         f"{config.get('block_size')!r}")
+    if path == "gemv" and config.get("rows_per_block", 0) not in ROWS_PER_BLOCK:
+        raise ValueError(f"fused_moe config: 'rows_per_block' must be one of {ROWS_PER_BLOCK}, got "
+                         f"{config.get('rows_per_block')!r}")
+    return config
+
+
+def unsupported_reason(w13: torch.Tensor, w2: torch.Tensor, top_k: int, hidden_act: str) -> str | None:
+    """Why these experts cannot run on the device path, or None when they can."""
+    if not w13.is_cuda:
+        return "the weights are not on a CUDA device"
+    if not ops.has_cuda_kernel("moe_gemv_silu_and_mul"):
+        return "this build has no CUDA mixture-of-experts kernels"
+    if hidden_act not in ("silu", "swish"):
+        return f"hidden_act {hidden_act!r} (the fused kernels apply SiLU)"
+    if w13.dtype == torch.bfloat16:
+        if not ops.cuda_bf16_kernels_built() or torch.cuda.get_device_capability(w13.device) < (8, 0):
+            return "bfloat16 kernels need an SM80+ GPU and build"
+    elif w13.dtype not in (torch.float16, torch.float32):
+        return f"dtype {w13.dtype}"
+    vec = 16 // w13.element_size()
+    hidden, inter = w13.shape[2], w2.shape[2]
+    if hidden % 8 or inter % 8 or hidden < vec or inter < vec:
+        return f"hidden ({hidden}) and intermediate ({inter}) sizes must be multiples of 8"
+    if w13.shape[0] > 1024 or top_k > 32:
+        return "more than 1024 experts or top_k above 32"
+    if not (w13.is_contiguous() and w2.is_contiguous()):
+        return "the stacked weights are not contiguous"
+    return None
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
+    """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: [T, H] in x's dtype."""
+    tokens, top_k = ids.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if tokens == 0:
+        return out
+    inter = w2.shape[2]
+    if config["path"] == "gemv":
+        rows = int(config.get("rows_per_block", 0))
+        act = torch.empty(tokens, top_k, inter, dtype=x.dtype, device=x.device)
+        ops.moe_gemv_silu_and_mul(act, x, w13, ids, rows)
+        ops.moe_gemv_down_sum(out, act, w2, ids, weights, rows)
+        return out
+    block = int(config["block_size"])
+    sorted_ids, experts_ids, total = align_block_size(ids, w13.shape[0], block)
+    pairs = tokens * top_k
+    gate_up = torch.empty(pairs, 2 * inter, dtype=x.dtype, device=x.device)
+    ops.moe_grouped_gemm(gate_up, x, w13, sorted_ids, experts_ids, total, None, top_k, block)
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    ops.silu_and_mul(act, gate_up)
+    down = torch.empty(tokens, top_k, x.shape[1], dtype=x.dtype, device=x.device)
+    ops.moe_grouped_gemm(down.view(pairs, -1), act, w2, sorted_ids, experts_ids, total, weights, 1, block)
+    ops.moe_sum(down, out)
+    return out
