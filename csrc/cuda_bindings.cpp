@@ -33,6 +33,10 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&awq_gemv));
+  m.impl("gated_delta_rule_decode", TORCH_BOX(&gated_delta_rule_decode));
+  m.impl("gated_delta_rule_prefill", TORCH_BOX(&gated_delta_rule_prefill));
+  m.impl("causal_conv1d_update", TORCH_BOX(&causal_conv1d_update));
+  m.impl("causal_conv1d_fn", TORCH_BOX(&causal_conv1d_fn));
   m.impl("topk_softmax", TORCH_BOX(&topk_softmax));
   m.impl("topk_sigmoid", TORCH_BOX(&topk_sigmoid));
   m.impl("moe_align_block_size", TORCH_BOX(&moe_align_block_size));

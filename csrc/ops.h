@@ -59,6 +59,18 @@ void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids
 void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
                            Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
                            int64_t block_size);
+void meta_gated_delta_rule_decode(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                                  Tensor state_slots, double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                                  std::optional<Tensor> dt_bias, int64_t col_threads);
+void meta_gated_delta_rule_prefill(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                                   Tensor state_slots, Tensor query_start_loc, std::optional<Tensor> has_initial_state,
+                                   double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                                   std::optional<Tensor> dt_bias, int64_t col_threads);
+void meta_causal_conv1d_update(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                               Tensor state_slots, bool silu);
+void meta_causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                           Tensor query_start_loc, Tensor state_slots, std::optional<Tensor> has_initial_state,
+                           bool silu);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -115,6 +127,19 @@ void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Ten
 void moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
                       Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
                       int64_t block_size);
+
+// ---- Gated DeltaNet recurrence and causal conv1d with per-slot states, Volta-safe, CUDA in every build (csrc/gdn_kernels.cu) ----
+void gated_delta_rule_decode(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                             Tensor state_slots, double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                             std::optional<Tensor> dt_bias, int64_t col_threads);
+void gated_delta_rule_prefill(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                              Tensor state_slots, Tensor query_start_loc, std::optional<Tensor> has_initial_state,
+                              double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                              std::optional<Tensor> dt_bias, int64_t col_threads);
+void causal_conv1d_update(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                          Tensor state_slots, bool silu);
+void causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                      Tensor query_start_loc, Tensor state_slots, std::optional<Tensor> has_initial_state, bool silu);
 #endif
 
 }  // namespace vllm_volta

@@ -10,6 +10,7 @@
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
 #include "awq_checks.h"
+#include "gdn_checks.h"
 #include "gemv_checks.h"
 #include "moe_checks.h"
 #include "ops.h"
@@ -121,6 +122,36 @@ void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorte
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
 }
+void meta_gated_delta_rule_decode(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                                  Tensor state_slots, double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                                  std::optional<Tensor> dt_bias, int64_t col_threads) {
+  (void)qk_l2norm;
+  (void)col_threads;
+  check_gated_delta_rule_args("gated_delta_rule_decode", out, q, k, v, a, b, state, state_slots, std::nullopt,
+                              std::nullopt, scale, A_log, dt_bias);
+}
+void meta_gated_delta_rule_prefill(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
+                                   Tensor state_slots, Tensor query_start_loc, std::optional<Tensor> has_initial_state,
+                                   double scale, bool qk_l2norm, std::optional<Tensor> A_log,
+                                   std::optional<Tensor> dt_bias, int64_t col_threads) {
+  (void)qk_l2norm;
+  (void)col_threads;
+  check_gated_delta_rule_args("gated_delta_rule_prefill", out, q, k, v, a, b, state, state_slots, query_start_loc,
+                              has_initial_state, scale, A_log, dt_bias);
+}
+void meta_causal_conv1d_update(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                               Tensor state_slots, bool silu) {
+  (void)silu;
+  check_causal_conv1d_args("causal_conv1d_update", out, x, weight, bias, conv_state, state_slots, std::nullopt,
+                           std::nullopt);
+}
+void meta_causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
+                           Tensor query_start_loc, Tensor state_slots, std::optional<Tensor> has_initial_state,
+                           bool silu) {
+  (void)silu;
+  check_causal_conv1d_args("causal_conv1d_fn", out, x, weight, bias, conv_state, state_slots, query_start_loc,
+                           has_initial_state);
+}
 
 }  // namespace vllm_volta
 
@@ -185,6 +216,20 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [K, N] = the float16 weight; out [M, N] = input [M, K] @ that weight for 1 <= M <= 4.
   m.def("awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
   m.def("awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
+  // Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention), states addressed by slot
+  // (docs/ARCHITECTURE.md): q, k [N, Hk, Dk], v / out [N, Hv, Dv], a / b [N, Hv] (g and beta, or
+  // with A_log and dt_bias the raw projections), state [num_slots, Hv, Dk, Dv], state_slots [B].
+  m.def("gated_delta_rule_decode(Tensor! out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor! state, "
+        "Tensor state_slots, float scale, bool qk_l2norm, Tensor? A_log=None, Tensor? dt_bias=None, "
+        "int col_threads=0) -> ()");
+  m.def("gated_delta_rule_prefill(Tensor! out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor! state, "
+        "Tensor state_slots, Tensor query_start_loc, Tensor? has_initial_state, float scale, bool qk_l2norm, "
+        "Tensor? A_log=None, Tensor? dt_bias=None, int col_threads=0) -> ()");
+  // Causal depthwise conv1d (+ SiLU): x / out [N, C], weight [C, W], conv_state [num_slots, C, W - 1].
+  m.def("causal_conv1d_update(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor! conv_state, "
+        "Tensor state_slots, bool silu) -> ()");
+  m.def("causal_conv1d_fn(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor! conv_state, "
+        "Tensor query_start_loc, Tensor state_slots, Tensor? has_initial_state, bool silu) -> ()");
   // Mixture of experts (vLLM's schemas where vLLM has the op). Routing: each token's top_k experts
   // by softmax (sigmoid) score of gating_output [T, E]: weights float32, ids int32, largest first.
   m.def("topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor! token_expert_indices, "
@@ -229,6 +274,10 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&meta_awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
+  m.impl("gated_delta_rule_decode", TORCH_BOX(&meta_gated_delta_rule_decode));
+  m.impl("gated_delta_rule_prefill", TORCH_BOX(&meta_gated_delta_rule_prefill));
+  m.impl("causal_conv1d_update", TORCH_BOX(&meta_causal_conv1d_update));
+  m.impl("causal_conv1d_fn", TORCH_BOX(&meta_causal_conv1d_fn));
   m.impl("topk_softmax", TORCH_BOX(&meta_topk_softmax));
   m.impl("topk_sigmoid", TORCH_BOX(&meta_topk_sigmoid));
   m.impl("moe_align_block_size", TORCH_BOX(&meta_moe_align_block_size));

@@ -256,6 +256,53 @@ def awq_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, qzer
     torch.ops._C.awq_gemv(out, input, qweight, qzeros, scales)
 
 
+def gated_delta_rule_decode(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
+                            scale: float, qk_l2norm: bool, A_log: torch.Tensor | None = None,
+                            dt_bias: torch.Tensor | None = None, col_threads: int = 0) -> None:
+    """One Gated DeltaNet step per sequence (Qwen3.5 / Qwen3-Next linear attention). CUDA only.
+
+    ``q``, ``k`` [B, Hk, Dk], ``v`` [B, Hv, Dv] (token rows may be strided), ``out`` [B, Hv, Dv];
+    ``a``, ``b`` [B, Hv]: g (log decay) and beta, or with ``A_log`` / ``dt_bias`` [Hv] the raw
+    projections (g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)); ``state``
+    [num_slots, Hv, Dk, Dv] (float32 or q's dtype) at ``state_slots`` [B] int32, read and written
+    once (negative slot: skipped, zeros out). ``col_threads`` (0 = automatic, 2, 4, 8) sets the
+    state columns per block (4 per thread). See layers/gdn_ops.py for the full contract.
+    """
+    torch.ops._C.gated_delta_rule_decode(out, q, k, v, a, b, state, state_slots, scale, qk_l2norm, A_log, dt_bias,
+                                         col_threads)
+
+
+def gated_delta_rule_prefill(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
+                             query_start_loc: torch.Tensor, has_initial_state: torch.Tensor | None, scale: float,
+                             qk_l2norm: bool, A_log: torch.Tensor | None = None,
+                             dt_bias: torch.Tensor | None = None, col_threads: int = 0) -> None:
+    """``gated_delta_rule_decode`` over varlen sequences (tokens ``query_start_loc[i]`` to
+    ``query_start_loc[i + 1]`` of the [N, ...] inputs), each from its slot's state (or zeros where
+    ``has_initial_state[i]`` is False), the final state written back to the slot. CUDA only."""
+    torch.ops._C.gated_delta_rule_prefill(out, q, k, v, a, b, state, state_slots, query_start_loc,
+                                          has_initial_state, scale, qk_l2norm, A_log, dt_bias, col_threads)
+
+
+def causal_conv1d_update(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         conv_state: torch.Tensor, state_slots: torch.Tensor, silu: bool) -> None:
+    """Decode step of a causal depthwise conv1d: ``out`` [B, C] <- conv of each channel's
+    ``conv_state`` [num_slots, C, W - 1] entries at ``state_slots`` [B] then ``x`` [B, C] with
+    ``weight`` [C, W] (+ ``bias``), SiLU if ``silu``; the state shifts by one. CUDA only."""
+    torch.ops._C.causal_conv1d_update(out, x, weight, bias, conv_state, state_slots, silu)
+
+
+def causal_conv1d_fn(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     conv_state: torch.Tensor, query_start_loc: torch.Tensor, state_slots: torch.Tensor,
+                     has_initial_state: torch.Tensor | None, silu: bool) -> None:
+    """Varlen prefill of the causal depthwise conv1d: each sequence of ``x`` [N, C] continues
+    from its slot's conv state (zeros where ``has_initial_state`` is False), whose last W - 1
+    inputs are written back to the slot. CUDA only."""
+    torch.ops._C.causal_conv1d_fn(out, x, weight, bias, conv_state, query_start_loc, state_slots,
+                                  has_initial_state, silu)
+
+
 def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
                  gating_output: torch.Tensor) -> None:
     """Each token's top-k experts by softmax of ``gating_output`` [T, E] (FP32 math): ``topk_weights``
