@@ -36,6 +36,16 @@ KINDS = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors this small run faster on one CPU thread (the thread pool's hand-offs cost more than
+    they save, many times more on a busy machine)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def text_config(kind: str, **overrides) -> transformers.Gemma4TextConfig:
     return transformers.Gemma4TextConfig(**{**BASE, **KINDS[kind], **overrides})
 
