@@ -73,10 +73,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--tool-call-parser", type=str, default=None, choices=sorted(TOOL_PARSERS),
                        help="How the model writes tool calls: hermes (<tool_call>{json}</tool_call>: "
                             "Qwen2.5, Qwen3, Hermes), llama3_json (Llama 3.1-3.3 JSON calls), pythonic "
-                            "([f(a=1), g()]: Llama 3.2 / 4 pythonic templates) or mistral ([TOOL_CALLS]).")
+                            "([f(a=1), g()]: Llama 3.2 / 4 pythonic templates), mistral ([TOOL_CALLS]), "
+                            "qwen3_coder (<function=NAME><parameter=KEY>: Qwen3.5, Qwen3-Coder, Qwen3-Next) "
+                            "or gemma4 (<|tool_call>call:NAME{...}<tool_call|>).")
     group.add_argument("--reasoning-parser", type=str, default=None, choices=sorted(REASONING_PARSERS),
-                       help="Put the <think> part of chat outputs in reasoning_content: qwen3 "
-                            "(a block the output opens) or deepseek_r1 (reasoning up to </think>).")
+                       help="Put the thinking part of chat outputs in reasoning_content: qwen3 "
+                            "(a <think> block the output or the prompt opens: Qwen3, Qwen3.5), "
+                            "deepseek_r1 (reasoning up to </think>) or gemma4 (<|channel>thought...<channel|>).")
     group.add_argument("--uvicorn-log-level", type=str, default="info",
                        choices=["debug", "info", "warning", "error", "critical", "trace"])
     group.add_argument("--disable-uvicorn-access-log", action="store_true",
