@@ -19,7 +19,8 @@
 
 An output that does not hold well-formed calls is returned as plain content, as vLLM does. Each
 parser has ``extract(text) -> (content, calls)`` and ``streamer()``, whose ``feed(text so far,
-final)`` returns the content and the calls that are certain by then. ``NamedToolCall`` and
+final)`` returns the content and the calls that are certain by then (whole calls, or for the two
+argument-by-argument formats ``ToolCallDelta``s that carry their own index). ``NamedToolCall`` and
 ``RequiredToolCalls`` read outputs that structured outputs constrained (tool_choice naming a
 function, or "required"); they need no server flag.
 """
