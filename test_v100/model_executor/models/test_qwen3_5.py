@@ -110,3 +110,30 @@ def test_state_dtype_from_config(tmp_path):
     config = transformers.Qwen3_5TextConfig(**TEXT, mamba_ssm_dtype="bfloat16")
     _, ours = hf_and_ours(config, tmp_path)
     assert ours.kv_cache_specs()[0].dtypes == (torch.float32, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_mixed_batch_matches_transformers(tmp_path):
+    """On a GPU in float32 (the Gated DeltaNet CUDA kernels where the build has them, else the
+    PyTorch ops there): a long prefill, chunked prefill, decode next to prefill and decode batches
+    against transformers' float32 logits on the CPU."""
+    hf, _ = CHECKPOINTS["moe"](tmp_path)
+    ours = load_ours(tmp_path, dtype=torch.float32, device="cuda")
+    check_single_prefill(ours, hf, length=150, atol=1e-3, device="cuda")
+    hf_compare.check_mixed_batch(ours, hf, atol=1e-3, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@torch.no_grad()
+def test_gpu_float16_error_is_transformers_own(tmp_path):
+    """float16 on a GPU: the logits of a 150-token prompt are as far from float32 transformers'
+    as transformers' own float16 run is (random weights this large make float16 visibly lossy)."""
+    hf, _ = CHECKPOINTS["dense"](tmp_path)
+    tokens = torch.randint(0, TINY["vocab_size"], (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = hf_compare.hf_logits(hf, tokens)
+    own_error = (hf.half()(torch.tensor([tokens])).logits[0].float() - ref).abs().max().item()
+    ours = load_ours(tmp_path, dtype=torch.float16, device="cuda")
+    out = hf_compare.PagedRunner(ours, device="cuda").step({"x": tokens})["x"]
+    assert (out - ref).abs().max().item() <= 2 * own_error + 1e-2
