@@ -15,6 +15,8 @@ from vllm_volta.attention.metadata import build_attn_metadata
 from vllm_volta.core.kv_cache_spec import MambaSpec
 from vllm_volta.model_executor.layers import fla_ops
 from vllm_volta.model_executor.layers.gated_delta_net import GatedDeltaNet, ssm_state_dtype
+from vllm_volta.model_executor.layers.quantization import quantization
+from vllm_volta.model_executor.layers.quantization.awq import AWQConfig
 from vllm_volta.model_executor.models.utils import default_dtype
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -183,6 +185,8 @@ def test_bad_configs_name_the_field():
     assert ssm_state_dtype(transformers.Qwen3_5TextConfig(**LINEAR, mamba_ssm_dtype="bfloat16")) == torch.bfloat16
     with pytest.raises(ValueError, match="hidden_act"):
         GatedDeltaNet(transformers.Qwen3_5TextConfig(**{**LINEAR, "hidden_act": "gelu"}))
+    with quantization(AWQConfig(32)), pytest.raises(ValueError, match="quantiz"):
+        GatedDeltaNet(transformers.Qwen3_5TextConfig(**LINEAR))
     with pytest.raises(ValueError, match="in_proj_qkv"):
         _layers("qwen3_5")[1].load_hf_weight("in_proj_qkv.weight", torch.zeros(10, 32))
 

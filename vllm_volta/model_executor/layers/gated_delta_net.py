@@ -35,6 +35,7 @@ from vllm_volta.logger import info_once, init_logger
 from vllm_volta.model_executor.layers import fla_ops
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, RowParallelLinear,
                                                      copy_weight, take_shard)
+from vllm_volta.model_executor.layers.quantization import current_quant_config
 from vllm_volta.model_executor.layers.parallel_state import (divide, get_tensor_model_parallel_rank,
                                                              get_tensor_model_parallel_world_size)
 
@@ -66,6 +67,9 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
+        if current_quant_config() is not None:
+            raise ValueError("quantization_config: quantized Gated DeltaNet (Qwen3.5 / Qwen3-Next) models are "
+                             "not supported")
         act = getattr(config, "hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ValueError(f"hidden_act must be 'silu' for Gated DeltaNet layers, got {act!r}")
