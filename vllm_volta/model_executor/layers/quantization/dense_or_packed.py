@@ -17,16 +17,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vllm_volta.model_executor.layers.quantization.packed_int import PackedIntConfig, PackedIntLinearMethod
+from vllm_volta.model_executor.layers.quantization.packed_int import PackedIntLinearMethod
 
 _DENSE, _PACKED = "dense", "packed"
 
 
 class DenseOrPackedMethod(PackedIntLinearMethod):
     """PackedIntLinearMethod for layers that may turn out dense (``layer.quant_kind``)."""
-
-    def __init__(self, config: PackedIntConfig) -> None:
-        super().__init__(config)
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        params_dtype: torch.dtype | None) -> None:

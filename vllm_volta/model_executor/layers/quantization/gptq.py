@@ -23,7 +23,6 @@ import torch
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig, pack_awq
 from vllm_volta.model_executor.layers.quantization.packed_int import Converter, PackedIntConfig, unpack_int
 
-_SHIFTS = tuple(range(0, 32, 4))
 _NAMES = (("qweight", "qweight"), ("zeros", "qzeros"), ("scales", "scales"), ("g_idx", "g_idx"))
 
 
@@ -63,19 +62,12 @@ def gptq_converter(config: PackedIntConfig) -> Converter:
     return convert
 
 
-def _nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """int32 packed along ``dim`` (value j of each 8 in bits 4j) -> its 4-bit values, 8x as long there."""
-    shifts = torch.tensor(_SHIFTS, dtype=torch.int32, device=packed.device)
-    values = (packed.unsqueeze(dim + 1) >> shifts.view([-1] + [1] * (packed.dim() - dim - 1))) & 0xF
-    return values.flatten(dim, dim + 1)
-
-
 def gptq_tensor_to_awq(name: str, tensor: torch.Tensor, source: str) -> torch.Tensor:
     """A GPTQ checkpoint tensor (``name``: qweight, qzeros or scales) in AWQ's layout."""
     if name == "qweight":  # [K / 8, N] packed along K -> [K, N / 8] packed along N
-        return pack_awq(_nibbles(tensor.to(torch.int32), 0))
+        return pack_awq(unpack_int(tensor, 4, 0))
     if name == "qzeros":
-        zeros = _nibbles(tensor.to(torch.int32), 1)
+        zeros = unpack_int(tensor, 4, 1)
         if source == "gptq":
             zeros = (zeros + 1) & 0xF
         return pack_awq(zeros)

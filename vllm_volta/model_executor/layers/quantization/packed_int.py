@@ -34,6 +34,7 @@ from vllm_volta.model_executor.layers.quantization.awq import (PACK, awq_dense_w
 
 # Converts a checkpoint tensor (role, tensor) into this layer's layout (before sharding).
 Converter = Callable[[str, torch.Tensor], torch.Tensor]
+# The checkpoint tensors of a layer, by role (compressed-tensors adds "shape": weight_shape).
 ROLES = ("qweight", "zeros", "scales", "g_idx")
 
 
@@ -198,7 +199,7 @@ class PackedIntLinearMethod:
             else:
                 layer.weight_loader(param, tensor, *shard)
             if self.config.act_order and self.config.bits == 4:
-                roles = tuple(r for r in ("qweight", "zeros", "scales", "g_idx") if r != "zeros" or self.config.has_zeros)
+                roles = tuple(r for r in ROLES if r != "zeros" or self.config.has_zeros)
                 note_loaded(layer, role, shard, roles, self._sort_rows_into_awq)
         return load
 
