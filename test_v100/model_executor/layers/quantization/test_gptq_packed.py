@@ -11,7 +11,7 @@ import transformers
 from test_v100.model_executor.models import hf_compare
 from test_v100.model_executor.models.hf_compare import TINY, load_ours, save_random_hf_model
 from vllm_volta.model_executor.layers.linear import MergedColumnParallelLinear
-from vllm_volta.model_executor.layers.quantization import quantization
+from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
 
 from .int_checkpoints import Scheme, config_of, quantize, quantize_hf_model
 from .int_layer_checks import check_linear_layers, check_tp2
@@ -40,6 +40,11 @@ def test_configs_and_refusals():
         config_of(Scheme("gptq", bits=3))
     with pytest.raises(ValueError, match="group_size must be a positive int or -1"):
         config_of(Scheme("gptq", group=-2))
+    cfg = transformers.LlamaConfig(**TINY)
+    for key, value in (("lm_head", True), ("dynamic", {"-:.*down_proj": {}})):
+        cfg.quantization_config = Scheme("gptq").config() | {key: value}
+        with pytest.raises(ValueError, match=f"quantization_config.{key}: .* is not supported"):
+            get_quant_config(cfg)
 
 
 @pytest.mark.parametrize("device", DEVICES)

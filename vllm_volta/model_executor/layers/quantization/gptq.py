@@ -38,6 +38,10 @@ def gptq_config(qc: dict[str, Any]) -> AWQConfig | PackedIntConfig:
                          f"got {group!r}")
     if fmt not in ("gptq", "gptq_v2"):
         raise ValueError(f"quantization_config.checkpoint_format {fmt!r} is not supported; supported: gptq, gptq_v2")
+    for key in ("lm_head", "dynamic"):  # GPTQModel: a quantized lm_head, per-module overrides
+        if qc.get(key):
+            raise ValueError(f"quantization_config.{key}: {qc[key]!r} is not supported (every decoder linear "
+                             "layer in the one format, the lm_head dense)")
     act_order = bool(qc.get("desc_act", False))
     if bits == 4 and group >= 1 and not act_order:
         return AWQConfig(group, source=fmt)
