@@ -277,3 +277,56 @@ def test_tp2_matches_transformers(tmp_path):
                          num_experts=4, top_k_experts=2, moe_intermediate_size=24)
     save_hf(config, tmp_path / "ckpt")
     mp.spawn(_tp_worker, args=(str(tmp_path / "ckpt"), str(tmp_path / "rendezvous")), nprocs=2)
+
+
+@torch.no_grad()
+def _hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):  # the whole sequence each time: no cache on the reference side
+        seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def test_engine_greedy_matches_transformers(models, tmp_path):
+    """LLM.generate on the CPU (the runner allocating each layer's cache from kv_cache_specs,
+    chunked prefill of 16-token steps) gives transformers' greedy tokens."""
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    hf, _ = models
+    hf.config.architectures = ["Gemma4ForCausalLM"]
+    hf.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, max_num_seqs=4, max_model_len=64,
+              max_num_batched_tokens=16)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=g).tolist() for n in (9, 21)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == _hf_greedy(hf, prompt, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_fp16_cuda_backends_match_transformers(kind, tmp_path):
+    """float16 on the GPU with the float32 residual stream, on each attention backend that runs
+    the head sizes (VOLTA_PAGED: 128 sliding / 256 full; TORCH_SDPA: also Gemma 4's 512): chunked
+    prefill, decode and a prefix hit within float16 noise of transformers in float32; the
+    KV-shared layers' prefill reads the keys their source layer computed in the same step."""
+    from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
+    from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
+    from vllm_volta.model_executor.model_loader.loader import get_model
+    from vllm_volta.transformers_utils.config import resolve_model_source
+
+    from .hf_compare import check_mixed_batch
+
+    for backend, head_dim, global_head_dim in ((VoltaPagedBackend, 128, 256), (TorchSDPABackend, 256, 512)):
+        folder = tmp_path / backend.name
+        hf = save_hf(text_config(kind, hidden_size=128, num_attention_heads=2, head_dim=head_dim,
+                                 global_head_dim=global_head_dim), folder)
+        source = resolve_model_source(str(folder))
+        model_config = SimpleNamespace(model=str(folder), hf_config=source.hf_config, dtype=torch.float16,
+                                       load_format="auto", model_path=str(source.path), revision=None)
+        ours = get_model(model_config, "cuda", attn_backend=backend)
+        check_mixed_batch(ours, hf, atol=5e-2, device="cuda")  # hf stays on the CPU, in float32
