@@ -77,9 +77,9 @@ def test_body_over_the_limit_is_413(limited_server):
     assert resp.status_code == 413, resp.text
 
 
-def test_health_answers_while_5mb_are_tokenized(limited_server, hf_reference):
+def test_health_answers_while_megabytes_are_tokenized(limited_server, hf_reference):
     tok, _ = hf_reference
-    text = "hello world, the quick brown fox " * (5 * 2**20 // 33)
+    text = "hello world, the quick brown fox " * (2 * 2**20 // 33)  # 2 MB: seconds to tokenize
     result = {}
 
     def tokenize() -> None:
@@ -87,20 +87,23 @@ def test_health_answers_while_5mb_are_tokenized(limited_server, hf_reference):
                                     json={"prompt": text}, timeout=120)
 
     thread = threading.Thread(target=tokenize)
-    thread.start()
     latencies = []
-    while thread.is_alive():
-        start = time.monotonic()
-        assert httpx.get(limited_server.url + "/health", timeout=10).status_code == 200
-        latencies.append(time.monotonic() - start)
-        time.sleep(0.02)
+    with httpx.Client() as client:  # one connection: the probe's own cost stays out
+        thread.start()
+        while thread.is_alive():
+            start = time.monotonic()
+            assert client.get(limited_server.url + "/health", timeout=10).status_code == 200
+            latencies.append(time.monotonic() - start)
+            time.sleep(0.02)
     thread.join()
     resp = result["resp"]
     assert resp.status_code == 200
     assert resp.json()["count"] == len(tok.encode(text))
     # Blocked, /health waited the whole tokenization (seconds); off the loop it waits for the
-    # interpreter lock at most. The bound is loose for a CPU shared with other work.
-    assert len(latencies) >= 3 and max(latencies) < 0.5, latencies
+    # interpreter lock at most. The bounds are loose for a CPU shared with other work.
+    latencies.sort()
+    assert len(latencies) >= 5, latencies
+    assert latencies[len(latencies) // 2] < 0.1 and latencies[-1] < 2.0, latencies
 
 
 def test_long_prompt_is_refused_before_tokenizing(limited_server):

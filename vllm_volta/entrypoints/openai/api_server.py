@@ -149,9 +149,23 @@ def build_app(engine: AsyncLLM, args: argparse.Namespace) -> FastAPI:
     return app
 
 
-def _dumps(payload: Any) -> bytes:
-    # A million token ids take a noticeable time to serialize: done in the worker thread.
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+_CHUNK = 1 << 15
+
+
+def _dumps(payload: dict[str, Any]) -> bytes:
+    """The JSON of a /tokenize or /detokenize answer, made in the worker thread. Long lists
+    (a million token ids) are serialized in pieces: one json.dumps call holds the interpreter
+    lock throughout (a few hundred ms), pieces let the event loop run in between."""
+    parts = []
+    for key, value in payload.items():
+        if isinstance(value, list) and len(value) > _CHUNK:
+            pieces = [json.dumps(value[i:i + _CHUNK], ensure_ascii=False, separators=(",", ":"))[1:-1]
+                      for i in range(0, len(value), _CHUNK)]
+            text = "[" + ",".join(pieces) + "]"
+        else:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        parts.append(json.dumps(key) + ":" + text)
+    return ("{" + ",".join(parts) + "}").encode("utf-8")
 
 
 def _json(body: bytes) -> Response:
