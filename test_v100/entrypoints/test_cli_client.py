@@ -10,10 +10,9 @@ import os
 import subprocess
 import sys
 
-import openai
 import pytest
 
-from test_v100.entrypoints.openai.utils import RemoteServer, build_tiny_llama
+from test_v100.entrypoints.openai.utils import RemoteServer, build_tiny_llama, free_port
 from vllm_volta.entrypoints.cli import parse_args
 from vllm_volta.entrypoints.cli_client import run_chat, run_complete
 
@@ -103,7 +102,13 @@ def test_complete_quick_and_lines(server):
     assert out.getvalue() == f"{ref_complete(server, 'Volta GPUs')}\n{ref_complete(server, 'A paged KV cache')}\n"
 
 
-def test_wrong_api_key_is_refused(server):
-    with pytest.raises(openai.AuthenticationError):
+def test_wrong_key_unreachable_server_and_refused_request_are_one_line(server):
+    with pytest.raises(SystemExit, match="refused the API key \\(--api-key or \\$OPENAI_API_KEY\\)"):
         run_chat(parse_args(["chat", "--url", server.url + "/v1", "--api-key", "wrong",
                              "--model-name", "tiny-llama", "-q", "hi"]), out=io.StringIO())
+    with pytest.raises(SystemExit, match="answered 404: .*no-such-model"):
+        run_complete(parse_args(["complete", "--url", server.url + "/v1", "--api-key", API_KEY,
+                                 "--model-name", "no-such-model", "-q", "hi"]), out=io.StringIO())
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(SystemExit, match=f"cannot reach the server at --url {dead}"):
+        run_complete(parse_args(["complete", "--url", dead, "--model-name", "m", "-q", "hi"]), out=io.StringIO())

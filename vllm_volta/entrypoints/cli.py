@@ -42,7 +42,7 @@ def make_parser() -> argparse.ArgumentParser:
                            add_help=True)
     bench.add_argument("bench_kind", choices=list(BENCHMARKS), metavar="KIND",
                        help=f"one of {', '.join(BENCHMARKS)}")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER,
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="FLAGS",
                        help="the benchmark's flags (vLLM's names)")
     env = sub.add_parser("collect-env", help="Print the platform decisions for this machine",
                          description="Print every decision the platform layer takes on this "

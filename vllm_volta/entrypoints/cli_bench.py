@@ -85,4 +85,9 @@ def load_benchmark(kind: str) -> Callable[[list[str]], Any]:
 def run_bench(kind: str, argv: list[str]) -> Any:
     """Run benchmark ``kind`` with the (vLLM-spelled) flags; it prints its JSON on stdout."""
     main = load_benchmark(kind)
-    return main(translate_vllm_flags(kind, list(argv)))
+    flags = translate_vllm_flags(kind, list(argv))
+    prog, sys.argv[0] = sys.argv[0], f"vllm-volta bench {kind}"  # the benchmark's usage line
+    try:
+        return main(flags)
+    finally:
+        sys.argv[0] = prog

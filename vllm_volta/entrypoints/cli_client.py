@@ -9,9 +9,10 @@ answer is printed; without it, an interactive loop reads one message per line fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 DEFAULT_URL = "http://localhost:8000/v1"
 
@@ -41,12 +42,17 @@ def check_client_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--url must be an http:// or https:// URL, got {args.url!r}")
 
 
-def make_client(args: argparse.Namespace) -> tuple[Any, str]:
-    """An OpenAI client for --url and the model to ask."""
+def _openai() -> Any:
     try:
         import openai
     except ImportError as e:  # a dependency, but a trimmed environment may lack it
         raise SystemExit("vllm-volta chat/complete need the openai package: pip install openai") from e
+    return openai
+
+
+def make_client(args: argparse.Namespace) -> tuple[Any, str]:
+    """An OpenAI client for --url and the model to ask."""
+    openai = _openai()
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
     client = openai.OpenAI(base_url=args.url, api_key=api_key)
     model = args.model_name
@@ -103,9 +109,29 @@ def _lines(inp: TextIO, out: TextIO, interactive: bool):
         yield line.rstrip("\n")
 
 
+@contextlib.contextmanager
+def _server_errors(args: argparse.Namespace) -> Iterator[None]:
+    """An unreachable server, a refused key or a refused request as one line, not a traceback."""
+    openai = _openai()
+    try:
+        yield
+    except openai.APIConnectionError as e:
+        raise SystemExit(f"cannot reach the server at --url {args.url}: {e}") from None
+    except openai.AuthenticationError as e:
+        raise SystemExit(f"the server at {args.url} refused the API key (--api-key or "
+                         f"$OPENAI_API_KEY): {e.message}") from None
+    except openai.APIStatusError as e:
+        raise SystemExit(f"the server at {args.url} answered {e.status_code}: {e.message}") from None
+
+
 def run_chat(args: argparse.Namespace, inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
     """``vllm-volta chat``: one-shot with --quick, else a conversation over stdin lines."""
     check_client_args(args)
+    with _server_errors(args):
+        _chat(args, inp, out)
+
+
+def _chat(args: argparse.Namespace, inp: TextIO, out: TextIO) -> None:
     client, model = make_client(args)
     messages: list[dict[str, str]] = []
     if args.system_prompt:
@@ -123,6 +149,11 @@ def run_chat(args: argparse.Namespace, inp: TextIO = sys.stdin, out: TextIO = sy
 def run_complete(args: argparse.Namespace, inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
     """``vllm-volta complete``: one-shot with --quick, else one completion per stdin line."""
     check_client_args(args)
+    with _server_errors(args):
+        _complete(args, inp, out)
+
+
+def _complete(args: argparse.Namespace, inp: TextIO, out: TextIO) -> None:
     client, model = make_client(args)
     if args.quick is not None:
         complete_once(client, model, args.quick, args, out)
