@@ -36,8 +36,9 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
   constexpr int WARPS_M = BM >= 32 ? 2 : 1, WARPS_N = 4 / WARPS_M;
   constexpr int FM = BM / (16 * WARPS_M), FN = BN / (16 * WARPS_N);
   constexpr int VK = BK / 8;                                 // 16-byte vectors per tile row
-  constexpr int A_LOADS = BM * VK / kMoeGemmThreads;         // per thread
-  constexpr int B_LOADS = BN * VK / kMoeGemmThreads;
+  constexpr int A_VECS = BM * VK, B_VECS = BN * VK;
+  constexpr int A_LOADS = (A_VECS + kMoeGemmThreads - 1) / kMoeGemmThreads;  // per thread
+  constexpr int B_LOADS = (B_VECS + kMoeGemmThreads - 1) / kMoeGemmThreads;
   static_assert(A_LOADS >= 1 && B_LOADS >= 1 && FM >= 1 && FN >= 1, "tile shape");
   __shared__ __align__(128) T a_tile[BM][LD];
   __shared__ __align__(128) T b_tile[BN][LD];
@@ -54,9 +55,9 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
 #pragma unroll
   for (int i = 0; i < A_LOADS; ++i) {
     const int idx = threadIdx.x + i * kMoeGemmThreads;
-    a_row[i] = idx / VK;
+    a_row[i] = idx < A_VECS ? idx / VK : -1;  // -1: this thread has no i-th vector (BM = 16)
     a_vec[i] = idx % VK;
-    const int p = sorted[row0 + a_row[i]];
+    const int p = a_row[i] >= 0 ? sorted[row0 + a_row[i]] : pairs;
     a_src[i] = p < pairs ? reinterpret_cast<const uint4*>(input + static_cast<int64_t>(p / top_k) * k) : nullptr;
   }
   const uint4* b_src[B_LOADS];
@@ -64,10 +65,10 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
 #pragma unroll
   for (int i = 0; i < B_LOADS; ++i) {
     const int idx = threadIdx.x + i * kMoeGemmThreads;
-    b_row[i] = idx / VK;
+    b_row[i] = idx < B_VECS ? idx / VK : -1;
     b_vec[i] = idx % VK;
     const int c = col0 + b_row[i];
-    b_src[i] = c < n ? reinterpret_cast<const uint4*>(weight + (static_cast<int64_t>(expert) * n + c) * k) : nullptr;
+    b_src[i] = b_row[i] >= 0 && c < n ? reinterpret_cast<const uint4*>(weight + (static_cast<int64_t>(expert) * n + c) * k) : nullptr;
   }
   const int nvec = k / 8;
   uint4 a_reg[A_LOADS], b_reg[B_LOADS];
@@ -94,9 +95,11 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
   load(0);
   for (int k0 = 0; k0 < nvec; k0 += VK) {
 #pragma unroll
-    for (int i = 0; i < A_LOADS; ++i) *reinterpret_cast<uint4*>(&a_tile[a_row[i]][a_vec[i] * 8]) = a_reg[i];
+    for (int i = 0; i < A_LOADS; ++i)
+      if (a_row[i] >= 0) *reinterpret_cast<uint4*>(&a_tile[a_row[i]][a_vec[i] * 8]) = a_reg[i];
 #pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) *reinterpret_cast<uint4*>(&b_tile[b_row[i]][b_vec[i] * 8]) = b_reg[i];
+    for (int i = 0; i < B_LOADS; ++i)
+      if (b_row[i] >= 0) *reinterpret_cast<uint4*>(&b_tile[b_row[i]][b_vec[i] * 8]) = b_reg[i];
     __syncthreads();
     if (k0 + VK < nvec) load(k0 + VK);  // in flight during the MMAs
 #pragma unroll

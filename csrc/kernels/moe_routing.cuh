@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
     if (t >= tokens) return;  // whole warps leave; no block-wide sync below
     float* s = scores[warp];
     const T* row = gating + static_cast<int64_t>(t) * experts;
-    float mx = -INFINITY;
+    float mx = -3.402823466e38f;  // -FLT_MAX (NVRTC has no <cfloat>); expf(-FLT_MAX - x) is 0 as -inf's
     for (int e = lane; e < experts; e += 32) {
       const float x = Convert<T>::to_float(row[e]);
       s[e] = x;
