@@ -14,7 +14,7 @@ from vllm_volta.core.kv_cache_spec import FullAttentionSpec, MambaSpec
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope
 
 from . import hf_compare
-from .hf_compare import TINY, check_needed, check_single_prefill, hf_and_ours, load_ours
+from .hf_compare import TINY, check_fp16_engine_logprobs, check_needed, check_single_prefill, hf_and_ours, load_ours
 
 # Two DeltaNet layers (value heads read key heads in pairs) around a full-attention one whose
 # RoPE covers a quarter of each head (the default partial_rotary_factor).
@@ -94,7 +94,9 @@ def test_loaded_as_hybrid(models):
     torch.testing.assert_close(attn.q_norm.weight, hf_attn.q_norm.weight + 1)  # (1 + w) norms
     assert attn.rotary_emb.rotary_dim == 8 and attn.attn.num_heads == 4
     if "Moe" in hf.config.architectures[0]:
-        assert ours.model.layers[0].mlp.renormalize and ours.supports_cuda_graphs is False
+        assert ours.model.layers[0].mlp.renormalize
+    else:  # decode steps read the state slots on the device: capturable
+        assert ours.supports_cuda_graphs
 
 
 def test_partial_rotary_is_needed(models):
@@ -122,6 +124,14 @@ def test_gpu_mixed_batch_matches_transformers(tmp_path):
     ours = load_ours(tmp_path, dtype=torch.float32, device="cuda")
     check_single_prefill(ours, hf, length=150, atol=1e-3, device="cuda")
     hf_compare.check_mixed_batch(ours, hf, atol=1e-3, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_engine_logprobs_match_transformers(tmp_path):
+    """The engine as users run it: float16, the CUDA attention backend (heads of 256, as Qwen3.5's),
+    decode steps replayed from CUDA graphs that read and write the recurrent-state slots."""
+    check_fp16_engine_logprobs(tmp_path, "qwen3_5")
 
 
 @pytest.mark.gpu

@@ -26,7 +26,10 @@ logger = init_logger(__name__)
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
-    """Qwen3.5 dense: a gated MLP in every layer."""
+    """Qwen3.5 dense: a gated MLP in every layer. Decode steps are CUDA-graph safe: the DeltaNet's
+    decode (its CUDA kernels, or the PyTorch ops' batched step) reads the slots on the device."""
+
+    supports_cuda_graphs = True
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act)

@@ -154,8 +154,6 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
     """Qwen3NextForCausalLM. ``kv_cache_specs()``: per layer, this rank's paged KV
     (full attention) or recurrent state (Gated DeltaNet, GatedDeltaNet.state_spec)."""
 
-    supports_cuda_graphs = False  # MoE routing shapes; mixed steps loop over sequences on the host
-
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None,
                  tie_word_embeddings: bool | None = None) -> None:
         nn.Module.__init__(self)
