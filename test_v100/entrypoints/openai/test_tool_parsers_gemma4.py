@@ -51,6 +51,9 @@ def test_whole_output():
     # Blanks around the notation's parts, and a missing closing marker at the end, are read.
     content, calls = PARSER.extract('<|tool_call>call:f{ a : 1 , b : <|"|>x<|"|> , c:[ 1 , 2 ] }')
     assert content is None and _calls(calls) == [("f", {"a": 1, "b": "x", "c": [1, 2]})]
+    # JSON's quoted strings (escapes and all) are read as strings too.
+    assert _calls(PARSER.extract('<|tool_call>call:f{a: "x, \\"y\\" }", "b":[ "\\u00e9" ]}<tool_call|>')[1]) \
+        == [("f", {"a": 'x, "y" }', "b": ["é"]})]
     # An unquoted word is kept as text; a quoted key is read like a bare one.
     assert _calls(PARSER.extract('<|tool_call>call:f{mode:fast,<|"|>k<|"|>:2}<tool_call|>')[1]) \
         == [("f", {"mode": "fast", "k": 2})]
@@ -85,6 +88,7 @@ def test_cut_short_or_malformed_arguments_keep_the_complete_pairs(text, argument
     "  " + _call("f", {"s": "<|tool_call> inside a string"}),
     "Hi <|tool_call>oops<tool_call|> then " + _call("f", {"x": [1, {"y": None}]}) + " after",
     '<|tool_call>call:f{a:1,b:<|"|>cut sho', '<|tool_call>call:f{a:<|"|>x<|"|> b:1}<tool_call|>' + _call("g", {}),
+    '<|tool_call>call:f{a: "x, \\"y\\" }", "b":[ "\\u00e9" ],c:"bad \\q"}<tool_call|>',
 ])
 @pytest.mark.parametrize("seed", range(12))
 def test_any_stream_split_gives_the_whole_outputs_result(text, seed):

@@ -8,7 +8,8 @@ string value) and the documentation of vLLM's ``gemma4`` tool parser (``call:NAM
 keys, calls concatenated without a separator). The arguments are Gemma's own notation, not JSON:
 keys are bare words, strings sit between ``<|"|>`` marks (no escapes inside), numbers,
 ``true`` / ``false`` / ``null`` are bare, objects are ``{key:value,...}``, arrays
-``[value,...]``. The markers are special tokens, so requests parsed with this parser keep special
+``[value,...]`` (JSON's ``"..."`` strings, which some templates write, are read too). The
+markers are special tokens, so requests parsed with this parser keep special
 tokens in their text (``keeps_special_tokens``).
 
 Text before the first call is content, text between and after calls is dropped; a block that is
@@ -17,6 +18,7 @@ parsing (cut by max_tokens, or malformed) end the call with the pairs that were 
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -122,7 +124,7 @@ def _skip_blank(text: str, pos: int) -> int:
 def _pair(text: str, pos: int) -> object:
     """(key, value, end) of the ``key:value`` at `pos`, or _INCOMPLETE."""
     pos = _skip_blank(text, pos)
-    if text.startswith(QUOTE, pos):
+    if text.startswith((QUOTE, '"'), pos):
         key = _string(text, pos)
         if key is _INCOMPLETE:
             return _INCOMPLETE
@@ -145,9 +147,19 @@ def _pair(text: str, pos: int) -> object:
 
 
 def _string(text: str, pos: int) -> object:
-    """(string, end) of the ``<|"|>...<|"|>`` at `pos`, or _INCOMPLETE."""
-    close = text.find(QUOTE, pos + len(QUOTE))
-    return _INCOMPLETE if close < 0 else (text[pos + len(QUOTE):close], close + len(QUOTE))
+    """(string, end) of the ``<|"|>...<|"|>`` (or JSON ``"..."``) at `pos`, or _INCOMPLETE."""
+    if text.startswith(QUOTE, pos):
+        close = text.find(QUOTE, pos + len(QUOTE))
+        return _INCOMPLETE if close < 0 else (text[pos + len(QUOTE):close], close + len(QUOTE))
+    end = pos + 1
+    while end < len(text) and text[end] != '"':
+        end += 2 if text[end] == "\\" else 1
+    if end >= len(text):
+        return _INCOMPLETE
+    try:
+        return json.loads(text[pos:end + 1]), end + 1
+    except ValueError:
+        raise _Malformed from None
 
 
 def _value(text: str, pos: int) -> object:
@@ -155,7 +167,7 @@ def _value(text: str, pos: int) -> object:
     pos = _skip_blank(text, pos)
     if pos >= len(text) or QUOTE.startswith(text[pos:]):
         return _INCOMPLETE
-    if text.startswith(QUOTE, pos):
+    if text.startswith((QUOTE, '"'), pos):
         return _string(text, pos)
     if text[pos] in "{[":
         return _container(text, pos)
