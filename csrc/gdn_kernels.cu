@@ -45,10 +45,15 @@ template <typename T, typename S, int kVec, int kColThreads>
 void launch_gdn_tile(const GdnParams& p, int64_t seqs, int max_dk, cudaStream_t stream) {
   constexpr int kCols = kColThreads * kVec;
   const dim3 grid(static_cast<unsigned>(p.num_v_heads * ceil_div(p.dv, kCols)), static_cast<unsigned>(seqs));
+  const bool varlen = p.query_start_loc != nullptr;
   if (max_dk <= 128) {
-    gated_delta_rule_kernel<T, S, kVec, kColThreads, 128><<<grid, kGdnThreads, 0, stream>>>(p);
+    auto kernel = varlen ? gated_delta_rule_kernel<T, S, kVec, kColThreads, 128, true>
+                         : gated_delta_rule_kernel<T, S, kVec, kColThreads, 128, false>;
+    kernel<<<grid, kGdnThreads, 0, stream>>>(p);
   } else {
-    gated_delta_rule_kernel<T, S, kVec, kColThreads, 256><<<grid, kGdnThreads, 0, stream>>>(p);
+    auto kernel = varlen ? gated_delta_rule_kernel<T, S, kVec, kColThreads, 256, true>
+                         : gated_delta_rule_kernel<T, S, kVec, kColThreads, 256, false>;
+    kernel<<<grid, kGdnThreads, 0, stream>>>(p);
   }
 }
 

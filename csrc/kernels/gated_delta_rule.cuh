@@ -39,7 +39,7 @@ struct GdnParams {
   int A_log_type, dt_bias_type;
   void* state;  // [num_slots, Hv, Dk, Dv] contiguous
   const int* state_slots;          // [B]; a negative slot skips the sequence
-  const int* query_start_loc;      // [B + 1], or null: one token per sequence (decode)
+  const int* query_start_loc;      // [B + 1] (kVarlen), else unused: one token per sequence
   const bool* has_initial_state;   // [B], or null: every sequence continues from its slot
   void* out;  // [N, Hv, Dv] contiguous
   int num_k_heads, num_v_heads, dk, dv;
@@ -47,24 +47,39 @@ struct GdnParams {
   bool qk_l2norm;
 };
 
+// A gate input's raw bits (float32, or float16 / bfloat16 in the low half), loaded now and
+// converted later, so the load's latency hides behind the previous token's work.
+__device__ __forceinline__ unsigned gdn_load_bits(const void* p, int type, int64_t i) {
+  if (type == kGdnF32) return static_cast<const unsigned*>(p)[i];
+  return static_cast<const unsigned short*>(p)[i];
+}
+
+__device__ __forceinline__ float gdn_bits_to_float(unsigned bits, int type) {
+  if (type == kGdnF16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  if (type == kGdnBF16) return __uint_as_float(bits << 16);  // bf16 is float32's upper half: exact
+  return __uint_as_float(bits);
+}
+
 __device__ __forceinline__ float gdn_load_scalar(const void* p, int type, int64_t i) {
-  if (type == kGdnF16) return __half2float(static_cast<const __half*>(p)[i]);
-#if VLLM_VOLTA_ARCH_HAS_BF16
-  if (type == kGdnBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-#endif
-  return static_cast<const float*>(p)[i];
+  return gdn_bits_to_float(gdn_load_bits(p, type, i), type);
 }
 
 // softplus with torch's default threshold (x > 20 -> x).
 __device__ __forceinline__ float gdn_softplus(float x) { return x > 20.f ? x : log1pf(__expf(x)); }
 
-// g (log decay) and beta of token `t`, value head `h`.
-__device__ __forceinline__ void gdn_gates(const GdnParams& p, int64_t t, int h, float& g, float& beta) {
-  const float a = gdn_load_scalar(p.a, p.a_type, t * p.a_stride + h);
-  const float b = gdn_load_scalar(p.b, p.b_type, t * p.b_stride + h);
+// Per-head gate constants: -exp(A_log[h]) and dt_bias[h] (fused gates only).
+struct GdnHeadGates {
+  float neg_A;
+  float dt_bias;
+};
+
+// g (log decay) and beta of a token from its raw a / b inputs.
+__device__ __forceinline__ void gdn_gates(const GdnParams& p, const GdnHeadGates& hg, unsigned a_bits,
+                                          unsigned b_bits, float& g, float& beta) {
+  const float a = gdn_bits_to_float(a_bits, p.a_type);
+  const float b = gdn_bits_to_float(b_bits, p.b_type);
   if (p.A_log != nullptr) {
-    const float A = expf(gdn_load_scalar(p.A_log, p.A_log_type, h));
-    g = -A * gdn_softplus(a + gdn_load_scalar(p.dt_bias, p.dt_bias_type, h));
+    g = hg.neg_A * gdn_softplus(a + hg.dt_bias);
     beta = 1.f / (1.f + expf(-b));
   } else {
     g = a;
@@ -72,9 +87,20 @@ __device__ __forceinline__ void gdn_gates(const GdnParams& p, int64_t t, int h, 
   }
 }
 
+// One token's inputs as loaded (unconverted): q / k rows of this thread, v columns, gate bits.
+template <typename T, int kRows, int kVec>
+struct GdnTokenRaw {
+  T q[kRows];
+  T k[kRows];
+  T v[kVec];
+  unsigned a, b;
+};
+
 // Block tile: kColThreads threads across kColThreads * kVec state columns, the rest of the
 // warp and the other warps down the rows (row of register r: ry + r * kRowThreads).
-template <typename T, typename S, int kVec, int kColThreads, int kMaxDk>
+// kVarlen: tokens query_start_loc[seq] .. [seq + 1], the next token's inputs loaded during the
+// current one's reduction; else token seq alone (decode: no prefetch registers).
+template <typename T, typename S, int kVec, int kColThreads, int kMaxDk, bool kVarlen>
 __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(GdnParams p) {
   if constexpr (!arch_supports<T>::value || !arch_supports<S>::value) {
     __trap();
@@ -95,8 +121,8 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(GdnParams
     const int hk = h / (p.num_v_heads / p.num_k_heads);
     const int seq = blockIdx.y;
     const int slot = p.state_slots[seq];
-    const int64_t t_begin = p.query_start_loc ? p.query_start_loc[seq] : seq;
-    const int64_t t_end = p.query_start_loc ? p.query_start_loc[seq + 1] : seq + 1;
+    const int64_t t_begin = kVarlen ? p.query_start_loc[seq] : seq;
+    const int64_t t_end = kVarlen ? p.query_start_loc[seq + 1] : seq + 1;
     // Which of this thread's columns exist (Dv need not be a multiple of the tile).
     bool col_ok[kVec];
 #pragma unroll
@@ -137,20 +163,39 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(GdnParams
     const T* qbase = static_cast<const T*>(p.q) + static_cast<int64_t>(hk) * p.dk;
     const T* kbase = static_cast<const T*>(p.k) + static_cast<int64_t>(hk) * p.dk;
     const T* vbase = static_cast<const T*>(p.v) + static_cast<int64_t>(h) * p.dv + col0;
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const int buf = static_cast<int>((t - t_begin) & 1);
-      float qv[kRows], kv[kRows];
+    GdnHeadGates hg{0.f, 0.f};
+    if (p.A_log != nullptr) {
+      hg.neg_A = -expf(gdn_load_scalar(p.A_log, p.A_log_type, h));
+      hg.dt_bias = gdn_load_scalar(p.dt_bias, p.dt_bias_type, h);
+    }
+    const T zero = Convert<T>::from_float(0.f);
+    GdnTokenRaw<T, kRows, kVec> raw;
+    auto load_token = [&](int64_t t) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int i = ry + r * kRowThreads;
-        qv[r] = i < p.dk ? Convert<T>::to_float(qbase[t * p.q_stride + i]) : 0.f;
-        kv[r] = i < p.dk ? Convert<T>::to_float(kbase[t * p.k_stride + i]) : 0.f;
+        raw.q[r] = i < p.dk ? qbase[t * p.q_stride + i] : zero;
+        raw.k[r] = i < p.dk ? kbase[t * p.k_stride + i] : zero;
       }
-      float vv[kVec];
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) vv[c] = col_ok[c] ? Convert<T>::to_float(vbase[t * p.v_stride + c]) : 0.f;
+      for (int c = 0; c < kVec; ++c) raw.v[c] = col_ok[c] ? vbase[t * p.v_stride + c] : zero;
+      raw.a = gdn_load_bits(p.a, p.a_type, t * p.a_stride + h);
+      raw.b = gdn_load_bits(p.b, p.b_type, t * p.b_stride + h);
+    };
+    if (t_begin < t_end) load_token(t_begin);
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const int buf = static_cast<int>((t - t_begin) & 1);
+      float qv[kRows], kv[kRows], vv[kVec];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        qv[r] = Convert<T>::to_float(raw.q[r]);
+        kv[r] = Convert<T>::to_float(raw.k[r]);
+      }
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) vv[c] = Convert<T>::to_float(raw.v[c]);
       float g, beta;
-      gdn_gates(p, t, h, g, beta);
+      gdn_gates(p, hg, raw.a, raw.b, g, beta);
+      if (kVarlen && t + 1 < t_end) load_token(t + 1);  // in flight during this token's reduction
 
       float part[kRed];
 #pragma unroll

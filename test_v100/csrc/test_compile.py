@@ -84,10 +84,11 @@ NVRTC_UNITS = {
                                                 ("kRopeCache", "false", "true"), ("kRopeCache", "true", "true"))],
     "kernels/awq.cuh": ["&vllm_volta::awq_dequantize_kernel", "&vllm_volta::awq_reduce_kernel"]
                        + [f"&vllm_volta::awq_gemv_kernel<{m}>" for m in (1, 2, 3, 4)],
-    "kernels/gated_delta_rule.cuh": [f"&vllm_volta::gated_delta_rule_kernel<{t}, {st}, {vec}, {ct}, {dk}>"
+    "kernels/gated_delta_rule.cuh": [f"&vllm_volta::gated_delta_rule_kernel<{t}, {st}, {vec}, {ct}, {dk}, {varlen}>"
                                      for t, st in (("__half", "float"), ("__half", "__half"), ("float", "float"),
                                                    ("__nv_bfloat16", "float"))
-                                     for vec, ct in ((4, 2), (4, 4), (4, 8), (1, 8)) for dk in (128, 256)],
+                                     for vec, ct in ((4, 2), (4, 4), (4, 8), (1, 8)) for dk in (128, 256)
+                                     for varlen in ("false", "true")],
     "kernels/causal_conv1d.cuh": [f"&vllm_volta::causal_conv1d_{k}_kernel<{t}, {w}>"
                                   for k in ("update", "fwd", "state")
                                   for t in ("__half", "float", "__nv_bfloat16") for w in (2, 3, 4)],
