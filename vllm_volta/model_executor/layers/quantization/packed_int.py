@@ -103,10 +103,16 @@ def unpack_int(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return values.flatten(dim, dim + 1)
 
 
-def dequantize_rows(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor,
-                    bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """W [K, N] in ``dtype`` from the "rows" layout; ``groups`` [K]: each row's group."""
+def dequantize_rows(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                    groups: torch.Tensor | None, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """W [K, N] in ``dtype`` from the "rows" layout; ``groups`` [K]: each row's group, or None
+    for groups of consecutive rows (broadcast: no [K, N] copies of the zeros and scales)."""
     q = unpack_int(qweight, bits, 0)
+    if groups is None:
+        k, n = q.shape
+        g = zeros.shape[0]
+        w = (q.view(g, k // g, n) - zeros.unsqueeze(1)).to(dtype) * scales.to(dtype).unsqueeze(1)
+        return w.view(k, n)
     z = zeros.index_select(0, groups)
     s = scales.to(dtype).index_select(0, groups)
     return (q - z).to(dtype) * s
@@ -234,12 +240,13 @@ class PackedIntLinearMethod:
         zeros = getattr(layer, cfg.name("zeros")) if cfg.has_zeros else layer.quant_zeros
         return getattr(layer, cfg.name("qweight")), zeros, getattr(layer, cfg.name("scales"))
 
-    def _row_groups(self, layer: nn.Module, rows: int, device: torch.device) -> torch.Tensor:
+    def _row_groups(self, layer: nn.Module) -> torch.Tensor | None:
+        """Each row's group from g_idx (activation order); None: consecutive rows of a group."""
         cfg = self.config
-        scales = getattr(layer, cfg.name("scales"))
-        if cfg.act_order:  # modulo: dummy-initialised weights hold random bits
-            return getattr(layer, cfg.name("g_idx")).long().remainder(scales.shape[0])
-        return torch.arange(rows, device=device) // layer.quant_group_size
+        if not cfg.act_order:
+            return None
+        scales = getattr(layer, cfg.name("scales"))  # modulo: dummy-initialised weights hold random bits
+        return getattr(layer, cfg.name("g_idx")).long().remainder(scales.shape[0])
 
     @staticmethod
     def _awq_layout(layer: nn.Module) -> bool:
@@ -253,9 +260,7 @@ class PackedIntLinearMethod:
         if self._awq_layout(layer):  # rows sorted by group: put them back
             sorted_w = awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype)
             return torch.empty_like(sorted_w).index_copy_(0, layer.quant_perm, sorted_w)
-        rows = qweight.shape[0] * self.config.pack_factor
-        groups = self._row_groups(layer, rows, qweight.device)
-        return dequantize_rows(qweight, zeros, scales, groups, self.config.bits, dtype)
+        return dequantize_rows(qweight, zeros, scales, self._row_groups(layer), self.config.bits, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W + bias [..., N]."""
