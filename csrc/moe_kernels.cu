@@ -118,7 +118,9 @@ void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids
     using T = typename decltype(type_tag)::type;
     dispatch_moe_rows(rows, [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
-      const dim3 grid(static_cast<unsigned>(ceil_div(a.n, R / 2)), static_cast<unsigned>(a.tokens * a.top_k));
+      // Pairs on x (up to 2^31 - 1), feature groups on y (< 65536: checked).
+      const dim3 grid(static_cast<unsigned>(a.tokens * a.top_k), static_cast<unsigned>(ceil_div(a.n, R / 2)));
+      VLLM_VOLTA_CHECK(grid.y < 65536, op, ": intermediate size ", a.n, " needs more rows per block");
       moe_gemv_silu_and_mul_kernel<T, R><<<grid, threads, 0, stream>>>(
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(input.data_ptr()),
           static_cast<const T*>(w13.data_ptr()), static_cast<const int*>(topk_ids.data_ptr()),
@@ -144,7 +146,8 @@ void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Ten
     using T = typename decltype(type_tag)::type;
     dispatch_moe_rows(rows, [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
-      const dim3 grid(static_cast<unsigned>(ceil_div(a.n, R)), static_cast<unsigned>(a.tokens));
+      const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(ceil_div(a.n, R)));
+      VLLM_VOLTA_CHECK(grid.y < 65536, op, ": hidden size ", a.n, " needs more rows per block");
       moe_gemv_down_sum_kernel<T, R><<<grid, threads, 0, stream>>>(
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(input.data_ptr()),
           static_cast<const T*>(w2.data_ptr()), static_cast<const int*>(topk_ids.data_ptr()),

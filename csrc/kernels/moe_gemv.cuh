@@ -5,10 +5,10 @@
 // two steps of R loads in flight), the partial sums meet through warp shuffles and one
 // shared-memory pass. The grid depends only on the token count, so both kernels can be
 // captured in a CUDA graph; expert ids are read on the device.
-//  - moe_gemv_silu_and_mul_kernel, grid (ceil(I / (R/2)), T k): pair p = (t, j) with expert
+//  - moe_gemv_silu_and_mul_kernel, grid (T k, ceil(I / (R/2))): pair p = (t, j) with expert
 //    e = ids[p]; out[p][i] = silu(gate) * up for R/2 features i, gate = x_t . w13[e][i] and
 //    up = x_t . w13[e][I + i], each rounded to T first (the layer's gemm, then silu_and_mul).
-//  - moe_gemv_down_sum_kernel, grid (ceil(H / R), T): token t's rows h of every chosen expert,
+//  - moe_gemv_down_sum_kernel, grid (T, ceil(H / R)): token t's rows h of every chosen expert,
 //    out[t][h] = sum_j weights[t][j] * (in[t][j] . w2[e_j][h]): the routing weight and the
 //    top-k sum in FP32, rounded to T once (no atomics, no second pass).
 #pragma once
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
     static_assert(R % 2 == 0, "gate and up rows come in pairs");
     constexpr int C = R / 2;  // output features per block
     __shared__ float partial[kMoeGemvThreads / 32][R];
-    const int pair = blockIdx.y, col0 = blockIdx.x * C;
+    const int pair = blockIdx.x, col0 = blockIdx.y * C;
     const int t = pair / top_k;
     // An out-of-range id (never written by topk) reads expert 0 rather than stray memory.
     int e = topk_ids[pair];
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
     __trap();
   } else {
     __shared__ float partial[kMoeGemvThreads / 32][R];
-    const int t = blockIdx.y, row0 = blockIdx.x * R;
+    const int t = blockIdx.x, row0 = blockIdx.y * R;
     constexpr int N = 16 / sizeof(T);
     float acc[R];
 #pragma unroll
