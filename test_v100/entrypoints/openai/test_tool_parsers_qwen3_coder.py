@@ -64,6 +64,9 @@ def test_layout_variants():
     text = "<tool_call><function=get_weather><parameter=city>Rome<parameter=days>\n2\n</function>"
     content, calls = PARSER.extract(text)
     assert content is None and _calls(calls) == [("get_weather", {"city": "Rome", "days": 2})]
+    # Without <tool_call> (Qwen3-Coder sometimes leaves it out) the function tag starts a call.
+    content, calls = PARSER.extract("Sure.\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>")
+    assert content == "Sure.\n" and _calls(calls) == [("get_weather", {"days": 2})]
     # A repeated parameter keeps its first value (a stream cannot take back what it sent).
     assert _calls(PARSER.extract(_block("now") .replace("</function>", "<parameter=a>\n1\n</parameter>"
                                                         "<parameter=a>\n2\n</parameter></function>"))[1]) \
@@ -77,6 +80,7 @@ def test_layout_variants():
     "<tool_call>\n<function=bad name>\n</function>\n</tool_call>",
     "Hi <tool_call>\n<function=get_wea",                       # cut before the name is complete
     "<tool_call>\n",
+    "Write <function=a b> or <function=> or <function=",  # bare tags whose names are no names
 ])
 def test_no_call_is_content(text):
     assert PARSER.extract(text) == (text, [])
@@ -100,6 +104,8 @@ def test_a_bad_block_after_a_call_is_content():
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",  # cut short
     "Hi <tool_call>\nnot a call\n</tool_call> and " + _block("get_weather", days="1") + " after",
     "<tool_call><function=get_weather><parameter=city>Rome<parameter=days>2</function><tool_call><function=now>",
+    "Bare <function=x y> tag, then <function=get_weather>\n<parameter=days>\n4\n</parameter>\n</function>",
+    _block("now") + "<function=get_weather><parameter=city>Oslo</parameter></function><function=bad name>",
 ])
 @pytest.mark.parametrize("seed", range(12))
 def test_any_stream_split_gives_the_whole_outputs_result(text, seed):

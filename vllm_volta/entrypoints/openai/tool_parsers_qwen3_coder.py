@@ -17,8 +17,9 @@ and after them is dropped. Values are text: one newline after ``<parameter=NAME>
 schema declares (``tool_arguments``). As in vLLM, a value also ends where the next
 ``<parameter=`` or ``</function>`` starts when its closing tag is missing.
 
-A block that does not start with ``<function=NAME>`` is content. Once its name is known a block is
-a call (its name is streamed then); if the output ends inside it (max_tokens), the call keeps the
+As in vLLM, a ``<function=NAME>`` without the ``<tool_call>`` before it is a call too (Qwen3-Coder
+sometimes leaves it out). A block that does not start with ``<function=NAME>`` is content (for a
+bare tag with a malformed name, the tag itself). Once its name is known a block is a call (its name is streamed then); if the output ends inside it (max_tokens), the call keeps the
 parameters whose values were complete and a value cut short is dropped.
 """
 from __future__ import annotations
@@ -53,14 +54,15 @@ class Qwen3CoderToolParser:
         """(content, calls) certain in `text` so far (all of it when `final`)."""
         content, calls, pos = [], [], 0
         while True:
-            tag = text.find(START, pos)
+            tag, body = _next_block(text, pos)
             if tag < 0:
                 if not calls:  # a tag may still be starting at the end
-                    content.append(text[pos:len(text) if final else len(text) - partial_suffix(text, START)])
+                    held = 0 if final else max(partial_suffix(text, START), partial_suffix(text, FUNCTION))
+                    content.append(text[pos:len(text) - held])
                 return "".join(content), calls
             if not calls:
                 content.append(text[pos:tag])
-            block = self._block(text, tag + len(START), final)
+            block = self._block(text, body, final) if body > tag else self._bare(text, tag, final)
             if block is _UNDECIDED:
                 return "".join(content), calls
             if isinstance(block, int):  # not a call: content, up to its closing tag
@@ -81,13 +83,25 @@ class Qwen3CoderToolParser:
         name_end = text.find(">", name_start)
         if head.startswith(FUNCTION) and name_end >= 0 and (close < 0 or name_end < close):
             name = text[name_start:name_end].strip()
-            if name and not any(c.isspace() or c in "<>=" for c in name):
+            if name and not any(_bad_name_char(c) for c in name):
                 return self._arguments(text, PartialCall(name), name_end + 1, final)
         elif not final and close < 0 and (FUNCTION.startswith(head) or head.startswith(FUNCTION)):
             return _UNDECIDED
         if close >= 0:
             return close + len(END)
         return len(text) if final else _UNDECIDED
+
+    def _bare(self, text: str, pos: int, final: bool) -> object:
+        """A ``<function=NAME>`` at `pos` without <tool_call> (as vLLM, a call); when its name is
+        or will be invalid, the tag alone is content."""
+        name_start = pos + len(FUNCTION)
+        name_end = text.find(">", name_start)
+        name = text[name_start:name_end if name_end >= 0 else len(text)].strip()
+        if any(_bad_name_char(c) for c in name) or (name_end >= 0 and not name) or (final and name_end < 0):
+            return name_start
+        if name_end < 0:
+            return _UNDECIDED
+        return self._arguments(text, PartialCall(name), name_end + 1, final)
 
     def _arguments(self, text: str, call: PartialCall, pos: int, final: bool) -> tuple[PartialCall, int]:
         """Reads `call`'s parameters from `pos`; (call, where the text after it starts)."""
@@ -123,6 +137,19 @@ class Qwen3CoderToolParser:
             pos = min(skip)
         call.closed = final  # the output ended inside the call: what was complete stays
         return call, len(text)
+
+
+def _next_block(text: str, pos: int) -> tuple[int, int]:
+    """(where the next block starts, where its body starts) from `pos`: a <tool_call> block, or a
+    bare <function= tag (body at the tag); (-1, -1) when there is none."""
+    tagged, bare = text.find(START, pos), text.find(FUNCTION, pos)
+    if tagged >= 0 and (bare < 0 or tagged < bare):
+        return tagged, tagged + len(START)
+    return bare, bare
+
+
+def _bad_name_char(c: str) -> bool:
+    return c.isspace() or c in "<>="
 
 
 def _value_end(text: str, start: int) -> tuple[int, int]:
