@@ -95,7 +95,7 @@ def test_cut_short_call_keeps_complete_parameters():
 
 def test_a_bad_block_after_a_call_is_content():
     bad = "<tool_call>\noops\n</tool_call>"
-    content, calls = PARSER.extract(_block("now") + "\n" + bad + " trailing")
+    content, calls = PARSER.extract(_block("now") + "\n" + bad + " trailing <function=no name>")
     assert content == bad and _calls(calls) == [("now", {})]
 
 

@@ -19,7 +19,7 @@ schema declares (``tool_arguments``). As in vLLM, a value also ends where the ne
 
 As in vLLM, a ``<function=NAME>`` without the ``<tool_call>`` before it is a call too (Qwen3-Coder
 sometimes leaves it out). A block that does not start with ``<function=NAME>`` is content (for a
-bare tag with a malformed name, the tag itself). Once its name is known a block is a call (its name is streamed then); if the output ends inside it (max_tokens), the call keeps the
+bare tag with a malformed name, the tag itself, dropped after calls). Once its name is known a block is a call (its name is streamed then); if the output ends inside it (max_tokens), the call keeps the
 parameters whose values were complete and a value cut short is dropped.
 """
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Qwen3CoderToolParser:
             if block is _UNDECIDED:
                 return "".join(content), calls
             if isinstance(block, int):  # not a call: content, up to its closing tag
-                content.append(text[tag:block])
+                if body > tag or not calls:  # (a stray bare tag after calls is dropped)
+                    content.append(text[tag:block])
                 pos = block
                 continue
             call, pos = block
