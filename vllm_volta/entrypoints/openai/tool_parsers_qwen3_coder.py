@@ -19,8 +19,9 @@ schema declares (``tool_arguments``). As in vLLM, a value also ends where the ne
 
 As in vLLM, a ``<function=NAME>`` without the ``<tool_call>`` before it is a call too (Qwen3-Coder
 sometimes leaves it out). A block that does not start with ``<function=NAME>`` is content (for a
-bare tag with a malformed name, the tag itself, dropped after calls). Once its name is known a block is a call (its name is streamed then); if the output ends inside it (max_tokens), the call keeps the
-parameters whose values were complete and a value cut short is dropped.
+bare tag with a malformed name, the tag itself, dropped after calls). Once its name is known a
+block is a call (its name is streamed then); if the output ends inside it (max_tokens), the call
+keeps the parameters whose values were complete and a value cut short is dropped.
 """
 from __future__ import annotations
 
