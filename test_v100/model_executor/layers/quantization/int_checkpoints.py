@@ -45,7 +45,7 @@ def quantize(w: torch.Tensor, bits: int, group: int, sym: bool, act_order: bool,
     order = torch.randperm(k, generator=gen) if act_order else torch.arange(k)
     g_idx = torch.empty(k, dtype=torch.int32)
     g_idx[order] = (torch.arange(k) // group).to(torch.int32)
-    num_groups, top = k // group, (1 << bits) - 1
+    num_groups, top = -(-k // group), (1 << bits) - 1  # in activation order the last may be short
     w = w.double()
     q = torch.empty(n, k, dtype=torch.long)
     zeros = torch.empty(num_groups, n, dtype=torch.long)

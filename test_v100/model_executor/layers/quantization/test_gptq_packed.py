@@ -10,11 +10,11 @@ import transformers
 
 from test_v100.model_executor.models import hf_compare
 from test_v100.model_executor.models.hf_compare import TINY, load_ours, save_random_hf_model
-from vllm_volta.model_executor.layers.linear import MergedColumnParallelLinear
+from vllm_volta.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
 
 from .int_checkpoints import Scheme, config_of, quantize, quantize_hf_model
-from .int_layer_checks import check_linear_layers, check_tp2
+from .int_layer_checks import check_linear_layers, check_tp2, feed
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
@@ -68,6 +68,20 @@ def test_fused_projections_must_share_the_activation_order():
             params["g_idx"].weight_loader(params["g_idx"], qt.g_idx, shard)
     with pytest.raises(ValueError, match="outside 0..3"):
         params["g_idx"].weight_loader(params["g_idx"], torch.full((64,), 4, dtype=torch.int32), 0)
+
+
+def test_act_order_with_a_short_last_group():
+    """80 inputs in groups of 32 (GPTQ's last group has 16): not whole groups, so the layer stays
+    dequantized by g_idx."""
+    scheme, gen = Scheme("gptq", bits=4, group=32, act_order=True), torch.Generator().manual_seed(5)
+    with quantization(config_of(scheme)):
+        row = RowParallelLinear(80, 40)
+    qt = quantize(torch.randn(40, 80, generator=gen) * 0.1, 4, 32, False, True, gen)
+    assert qt.scales.shape[0] == 3
+    feed(row, scheme, [(None, qt)])
+    assert getattr(row, "quant_perm", None) is None
+    x = torch.randn(5, 80, generator=gen)
+    torch.testing.assert_close(row(x).double(), x.double() @ qt.dense.t(), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["act-order-4bit-v1", "8bit-act-order-v2", "4bit-per-channel", "8bit-v1"])

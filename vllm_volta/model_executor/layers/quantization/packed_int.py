@@ -150,8 +150,10 @@ class PackedIntLinearMethod:
         g, tp = self.config.group_size, getattr(layer, "tp_size", 1)
         if g == -1:
             return 1, True
-        if self.config.act_order and _is_row_parallel(layer) and tp > 1:
-            return -(-input_size * tp // g), True
+        if self.config.act_order:  # g_idx names the group: the last may be short
+            if _is_row_parallel(layer) and tp > 1:
+                return -(-input_size * tp // g), True
+            return -(-input_size // g), False
         if input_size % g:
             raise ValueError(f"quantized layer with {input_size} inputs (this rank's part): the input size "
                              f"must be a multiple of the group size {g}")
