@@ -7,7 +7,7 @@ from vllm_volta.model_executor.models.registry import get_model_cls, get_support
 
 def test_known_architectures():
     assert get_supported_archs() == ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                                     "GemmaForCausalLM", "GraniteForCausalLM",
+                                     "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "GemmaForCausalLM", "GraniteForCausalLM",
                                      "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
                                      "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",
                                      "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
@@ -23,7 +23,8 @@ def test_known_architectures():
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], [], None])
 def test_unknown_architecture_lists_supported(archs):
     with pytest.raises(ValueError, match="supported architectures: Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                                         "Gemma3ForConditionalGeneration, GemmaForCausalLM, GraniteForCausalLM, LlamaForCausalLM, "
+                                         "Gemma3ForConditionalGeneration, Gemma4ForCausalLM, "
+                                         "Gemma4ForConditionalGeneration, GemmaForCausalLM, GraniteForCausalLM, LlamaForCausalLM, "
                                          "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                                          "Qwen2MoeForCausalLM, "
                                          "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
