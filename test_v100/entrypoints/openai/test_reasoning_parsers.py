@@ -15,6 +15,9 @@ QWEN3, R1, GEMMA4 = Qwen3ReasoningParser(), DeepSeekR1ReasoningParser(), Gemma4R
 # Qwen3.5 with thinking on: its prompt opened <think>; with thinking off it closed an empty block.
 QWEN35_ON = QWEN3.for_prompt("<|im_start|>assistant\n<think>\n")
 QWEN35_OFF = QWEN3.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+# Gemma 4 templates: thinking off may close an empty channel in the prompt; a thought cue opens one.
+GEMMA4_CUED = GEMMA4.for_prompt("<|turn>model\n<|channel>thought\n")
+GEMMA4_OFF = GEMMA4.for_prompt("<|turn>model\n<|channel>thought\n<channel|>")
 
 
 @pytest.mark.parametrize("parser,text,want", [
@@ -41,6 +44,9 @@ QWEN35_OFF = QWEN3.for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n")
      ("I need the weather.", "<|tool_call>call:f{}<tool_call|>")),  # a call ends the thinking
     (GEMMA4, "<|channel>thought\n<channel|>", (None, None)),
     (GEMMA4, "Not <|channel>a channel<channel|>", (None, "Not <|channel>a channel<channel|>")),
+    (GEMMA4_CUED, "Let me add.<channel|>It is 4.", ("Let me add.", "It is 4.")),
+    (GEMMA4_CUED, "Weather.<|tool_call>call:f{}<tool_call|>", ("Weather.", "<|tool_call>call:f{}<tool_call|>")),
+    (GEMMA4_OFF, "It is 4.", (None, "It is 4.")),
 ])
 def test_split(parser, text, want):
     assert parser.split(text) == want
@@ -56,7 +62,9 @@ def test_split(parser, text, want):
     (QWEN35_OFF, "It is <think>4</think>."),
     (GEMMA4, "<|channel>thought\nLet me add.<channel|>It is 4."), (GEMMA4, "<|channel>thou"),
     (GEMMA4, "<|channel>thought\nWeather.<|tool_call>call:f{}<tool_call|>"), (GEMMA4, "<|chan plain"),
-    (GEMMA4, "<|channel>thoughts without the label<channel|>x")])
+    (GEMMA4, "<|channel>thoughts without the label<channel|>x"),
+    (GEMMA4_CUED, "Let me add.<channel|>It is 4."), (GEMMA4_CUED, "thought\nLabelled.<channel|>It is 4."),
+    (GEMMA4_OFF, "It is <b>4</b>.")])
 @pytest.mark.parametrize("seed", range(10))
 def test_any_stream_split_gives_the_whole_outputs_result(parser, text, seed):
     rng = random.Random(seed)
@@ -82,7 +90,8 @@ def test_streams_send_as_soon_as_the_shape_is_known():
             (QWEN3, "<think>Adding", ("Adding", "")), (QWEN35_ON, "Adding", ("Adding", "")),
             (QWEN35_OFF, "It is", ("", "It is")), (QWEN3, "Adding", ("", "")),
             (QWEN3, "Adding</think>It", ("Adding", "It")), (GEMMA4, "<|channel>thought\nAdd", ("Add", "")),
-            (GEMMA4, "<|channel>thought", ("", "")), (GEMMA4, "It is", ("", "It is"))]:
+            (GEMMA4, "<|channel>thought", ("", "")), (GEMMA4, "It is", ("", "It is")),
+            (GEMMA4_CUED, "Adding", ("Adding", "")), (GEMMA4_OFF, "It is", ("", "It is"))]:
         assert ReasoningStream(parser).feed(text) == want, (text, want)
 
 
@@ -94,5 +103,7 @@ def test_bind_prompt_reads_the_end_of_the_prompt():
     assert bind_prompt(QWEN3, Tokenizer(), ["<|im_start|>", "assistant", "\n", "<think>", "\n"]).opened is True
     assert bind_prompt(QWEN3, Tokenizer(), ["<think>", "\n\n", "</think>", "\n\n"]).opened is False
     assert bind_prompt(QWEN3, Tokenizer(), ["<|im_start|>", "assistant", "\n"]).opened is None
-    assert bind_prompt(R1, Tokenizer(), ["<think>"]) is R1 and bind_prompt(GEMMA4, Tokenizer(), []) is GEMMA4
+    assert bind_prompt(R1, Tokenizer(), ["<think>"]) is R1
+    assert bind_prompt(GEMMA4, Tokenizer(), ["<|turn>", "model\n", "<|channel>", "thought", "\n"]).opened is True
+    assert bind_prompt(GEMMA4, Tokenizer(), ["<|channel>", "thought\n", "<channel|>"]).opened is False
     assert GEMMA4.keeps_special_tokens and not getattr(QWEN3, "keeps_special_tokens", False)

@@ -12,9 +12,11 @@ message's ``reasoning_content``, the rest to ``content``.
   the R1 and thinking-only templates open the block in the prompt); without the closing tag, all
   of it.
 - ``gemma4``: Gemma 4 (Google's Gemma 4 prompt-formatting page; vLLM's ``gemma4`` reasoning
-  parser): an output that starts with ``<|channel>`` is reasoning up to ``<channel|>``, less the
-  channel's ``thought\\n`` label; a ``<|tool_call>`` also ends it (and stays in the content). The
-  markers are special tokens: requests keep special tokens in their text (``keeps_special_tokens``).
+  parser): an output that starts with ``<|channel>`` (or whose prompt ends inside one, as a
+  template's thought cue may) is reasoning up to ``<channel|>``, less the channel's ``thought\\n``
+  label; a ``<|tool_call>`` also ends it (and stays in the content). A prompt that closes an empty
+  channel (thinking off) leaves plain content. The markers are special tokens: requests keep
+  special tokens in their text (``keeps_special_tokens``).
 
 ``split(text)`` reads a whole output; ``stream_split(text, final)`` the parts of a text so far
 that no later text can change.
@@ -89,10 +91,26 @@ class Gemma4ReasoningParser:
     start, end, tool_call, label = "<|channel>", "<channel|>", "<|tool_call>", "thought\n"
     keeps_special_tokens = True
 
+    def __init__(self, opened: bool | None = None) -> None:
+        self.opened = opened  # whether the prompt left a channel open (None: unknown)
+
+    def for_prompt(self, prompt: str) -> Gemma4ReasoningParser:
+        """This parser for outputs of `prompt`: one that ends inside a channel (a template's
+        thought cue) opened it; otherwise the output opens its own."""
+        tail = prompt.rstrip()
+        return Gemma4ReasoningParser(tail.rfind(self.start) > tail.rfind(self.end)
+                                     and tail.endswith((self.start, self.start + self.label.strip())))
+
+    def _body(self, text: str) -> str | None:
+        """The output after the channel's opening (None: it opens no channel)."""
+        if text.startswith(self.start):
+            return text[len(self.start):]
+        return text if self.opened else None
+
     def split(self, text: str) -> tuple[str | None, str | None]:
-        if not text.startswith(self.start):
+        body = self._body(text)
+        if body is None:
             return None, text or None
-        body = text[len(self.start):]
         ends = [(i, len(self.end)) for i in (body.find(self.end),) if i >= 0]
         ends += [(i, 0) for i in (body.find(self.tool_call),) if i >= 0]
         stop, skip = min(ends) if ends else (len(body), 0)
@@ -105,9 +123,9 @@ class Gemma4ReasoningParser:
             return _strings(self.split(text))
         if self.start.startswith(text):
             return "", ""
-        if not text.startswith(self.start):
+        body = self._body(text)
+        if body is None:
             return "", text
-        body = text[len(self.start):]
         if self.end not in body and self.tool_call not in body:
             body = _held(body, self.end, self.tool_call)
             if self.label.startswith(body):  # the label may still be arriving
