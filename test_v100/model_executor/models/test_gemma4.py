@@ -227,15 +227,18 @@ def test_config_errors_name_the_field():
         Gemma4ForCausalLM(text_config("moe", moe_intermediate_size=None), dtype=torch.float32)
 
 
-def test_auto_dtype_is_float16_without_bfloat16(clean_env, caplog):
-    """Where bfloat16 is missing (Volta), "auto" runs Gemma 4 in float16 (its residual stream in
-    float32), unlike Gemma 2 / 3, which go to float32."""
+@pytest.mark.parametrize("arch", ["Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"])
+def test_auto_dtype_is_float16_without_bfloat16(clean_env, arch):
+    """Where bfloat16 is missing (Volta), "auto" runs Gemma 4 (model types gemma4_text and
+    gemma4) in float16, its residual stream in float32; Gemma 2 / 3 go to float32."""
     from vllm_volta.config import ModelConfig
     from vllm_volta.platforms import cuda
 
     cfg = text_config("dense")
+    if arch == "Gemma4ForConditionalGeneration":
+        cfg = transformers.Gemma4Config(text_config=cfg.to_dict())
     cfg.dtype = torch.bfloat16
-    cfg.architectures = ["Gemma4ForCausalLM"]
+    cfg.architectures = [arch]
     clean_env.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0")
     monkey = pytest.MonkeyPatch()
     monkey.setattr("vllm_volta.platforms.current_platform", cuda.CudaPlatform(), raising=False)

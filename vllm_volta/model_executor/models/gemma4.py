@@ -63,12 +63,12 @@ class Gemma4Model(nn.Module):
         self.residual_dtype = residual_dtype
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, h)
         # transformers multiplies in the weights' dtype: sqrt(hidden) rounded to it.
-        self.embed_scale = torch.tensor(h ** 0.5, dtype=dtype).item()
+        self.embed_scale = torch.tensor(h ** 0.5, dtype=dtype, device="cpu").item()
         self.per_layer_size = p = int(getattr(config, "hidden_size_per_layer_input", 0) or 0)
         if p:
             layers = config.num_hidden_layers
             self.embed_tokens_per_layer = VocabParallelEmbedding(config.vocab_size_per_layer_input, layers * p)
-            self.per_layer_embed_scale = torch.tensor(p ** 0.5, dtype=dtype).item()
+            self.per_layer_embed_scale = torch.tensor(p ** 0.5, dtype=dtype, device="cpu").item()
             self.per_layer_model_projection = ReplicatedLinear(h, layers * p, params_dtype=residual_dtype)
             self.projection_scale = h ** -0.5
             self.per_layer_projection_norm = Gemma4RMSNorm(p, config.rms_norm_eps, out_dtype=residual_dtype)
