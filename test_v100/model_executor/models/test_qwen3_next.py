@@ -77,3 +77,13 @@ def test_tp2_matches_transformers(tmp_path):
 
     hf_compare.save_random_hf_model(transformers.Qwen3NextConfig(**CONFIG), tmp_path / "ckpt")
     mp.spawn(_tp_worker, args=(str(tmp_path / "ckpt"), str(tmp_path / "rendezvous")), nprocs=2)
+
+
+def test_foreign_weights_are_named(models):
+    _, ours = models
+    with pytest.raises(ValueError, match=r"model\.layers\.7\.linear_attn\.A_log"):
+        ours.load_weights([("model.layers.7.linear_attn.A_log", torch.zeros(4))])
+    with pytest.raises(ValueError, match=r"no module 'model\.layers\.1\.linear_attn'"):
+        ours.load_weights([("model.layers.1.linear_attn.A_log", torch.zeros(4))])
+    with pytest.raises(ValueError, match="one entry per expert"):
+        ours.load_weights([("model.layers.0.mlp.experts.down_proj", torch.zeros(3, 64, 48))])

@@ -135,6 +135,7 @@ class GatedDeltaNet(nn.Module):
         if self.use_kernels is not None:
             return self.use_kernels
         if not x.is_cuda:
+            info_once(logger, "Gated DeltaNet layers: PyTorch ops on %s", x.device.type)
             return False
         from vllm_volta import _custom_ops
         found = all(_custom_ops.has_cuda_kernel(op) for op in ("causal_conv1d_fn", "gated_delta_rule_prefill"))

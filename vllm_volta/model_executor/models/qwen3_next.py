@@ -170,7 +170,7 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
         kinds = [layer.layer_type for layer in self.model.layers]
-        logger.info("%s: %d Gated DeltaNet layers (PyTorch ops, recurrent state %s), %d full-attention layers",
+        logger.info("%s: %d Gated DeltaNet layers (recurrent state %s), %d full-attention layers",
                     type(self).__name__, kinds.count("linear_attention"),
                     str(self.model.layers[kinds.index("linear_attention")].linear_attn.state_dtype)
                     if "linear_attention" in kinds else "-", kinds.count("full_attention"))
@@ -219,12 +219,10 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
             if _OFFSET_NORMS.search(name):
                 yield name, tensor.float() + 1.0
             elif match := _LINEAR_ATTN.match(name):
-                layer = self.get_submodule(match.group(1))
-                if not isinstance(layer, GatedDeltaNet):
-                    raise ValueError(f"checkpoint weight {name!r}: {match.group(1)} is not a linear-attention layer")
+                layer = self._submodule(name, match.group(1))
                 loaded.update(f"{match.group(1)}.{p}" for p in layer.load_hf_weight(match.group(2), tensor))
             elif match := _STACKED_EXPERTS.match(name):
-                moe = self.get_submodule(match.group(1))
+                moe = self._submodule(name, match.group(1))
                 if not isinstance(moe, MoE) or tensor.shape[0] != moe.num_experts:
                     raise ValueError(f"checkpoint weight {name!r} with shape {tuple(tensor.shape)} does not fit "
                                      f"{match.group(1)} (a MoE block with one entry per expert)")
@@ -238,3 +236,10 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
                 loaded.add(f"{match.group(1)}.{'w2' if match.group(2) == 'down_proj' else 'w13'}")
             else:
                 yield name, tensor
+
+    def _submodule(self, name: str, path: str) -> nn.Module:
+        try:
+            return self.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"checkpoint weight {name!r} does not belong to {type(self).__name__} "
+                             f"(no module {path!r})") from None
