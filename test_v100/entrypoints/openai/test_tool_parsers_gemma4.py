@@ -54,6 +54,8 @@ def test_whole_output():
     # JSON's quoted strings (escapes and all) are read as strings too.
     assert _calls(PARSER.extract('<|tool_call>call:f{a: "x, \\"y\\" }", "b":[ "\\u00e9" ]}<tool_call|>')[1]) \
         == [("f", {"a": 'x, "y" }', "b": ["é"]})]
+    # Jinja writes a null as None (the template renders earlier calls so).
+    assert _calls(PARSER.extract("<|tool_call>call:f{a:None,b:[None]}<tool_call|>")[1]) == [("f", {"a": None, "b": [None]})]
     # An unquoted word is kept as text; a quoted key is read like a bare one.
     assert _calls(PARSER.extract('<|tool_call>call:f{mode:fast,<|"|>k<|"|>:2}<tool_call|>')[1]) \
         == [("f", {"mode": "fast", "k": 2})]

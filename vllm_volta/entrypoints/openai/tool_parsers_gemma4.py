@@ -31,7 +31,8 @@ _UNDECIDED = object()
 _INCOMPLETE = object()  # the text ends before the value does
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")
 _BARE_END = ",}]<"
-_WORDS = {"true": True, "false": False, "null": None}
+# Bare words with a JSON meaning; None is how the template's Jinja writes a null argument.
+_WORDS = {"true": True, "false": False, "null": None, "None": None}
 
 
 class _Malformed(Exception):
