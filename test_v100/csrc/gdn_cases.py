@@ -13,13 +13,15 @@ def _qsl(lens: list[int]) -> torch.Tensor:
 
 
 def make_gdn(lens: list[int], hk: int, hv: int, dk: int, dv: int, *, dtype=torch.float32, fused: bool = True,
-             strided: bool = False, num_slots: int = 9, seed: int = 0, state_dtype=torch.float32) -> dict:
-    """Inputs of one varlen call (CPU): q, k, v (views of one wide buffer if strided), gates,
-    a random state per slot and distinct random slots (never 0)."""
+             strided: bool = False, num_slots: int = 9, seed: int = 0, state_dtype=torch.float32,
+             device: str = "cpu") -> dict:
+    """Inputs of one varlen call on ``device`` (drawn on the CPU, so every device gets the same
+    values): q, k, v (views of one wide buffer there if strided), gates, a random state per slot
+    and distinct random slots (never 0)."""
     gen = torch.Generator().manual_seed(seed)
     n = sum(lens)
     width = 2 * hk * dk + hv * dv + (5 if strided else 0)
-    buf = torch.randn(n, width, generator=gen).to(dtype)
+    buf = torch.randn(n, width, generator=gen).to(dtype).to(device)
     if not strided:
         buf = buf.contiguous()
     q = buf[:, :hk * dk].view(n, hk, dk)
@@ -38,8 +40,8 @@ def make_gdn(lens: list[int], hk: int, hv: int, dk: int, dv: int, *, dtype=torch
         A_log = dt_bias = None
     state = (0.5 * torch.randn(num_slots, hv, dk, dv, generator=gen)).to(state_dtype)
     slots = (torch.randperm(num_slots - 1, generator=gen)[:len(lens)] + 1).to(torch.int32)
-    return dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, state_slots=slots,
-                query_start_loc=_qsl(lens))
+    rest = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, state_slots=slots, query_start_loc=_qsl(lens))
+    return dict(q=q, k=k, v=v, **{key: None if t is None else t.to(device) for key, t in rest.items()})
 
 
 def naive_recurrence(q, k, v, g, beta, s0, scale, l2norm):
@@ -83,13 +85,18 @@ def continue_across_calls(x: dict, split: int, num_decodes: int, device: str) ->
 
 
 def make_conv(lens: list[int], channels: int, width: int, *, dtype=torch.float32, bias: bool = True,
-              transposed_state: bool = False, num_slots: int = 7, seed: int = 0, strided: bool = False) -> dict:
+              transposed_state: bool = False, num_slots: int = 7, seed: int = 0, strided: bool = False,
+              device: str = "cpu") -> dict:
+    """Inputs of one varlen conv call on ``device`` (drawn on the CPU): x (rows strided if
+    asked), weight, bias, a conv state per slot ([slots, C, W - 1], or a transposed view of
+    [slots, W - 1, C] storage) and distinct random slots (never 0)."""
     gen = torch.Generator().manual_seed(seed)
     n = sum(lens)
-    x = torch.randn(n, channels + (3 if strided else 0), generator=gen).to(dtype)[:, :channels]
+    x = torch.randn(n, channels + (3 if strided else 0), generator=gen).to(dtype).to(device)[:, :channels]
     weight = (0.5 * torch.randn(channels, width, generator=gen)).to(dtype)
     b = torch.randn(channels, generator=gen).to(dtype) if bias else None
-    st = torch.randn(num_slots, width - 1, channels, generator=gen).to(dtype)
+    st = torch.randn(num_slots, width - 1, channels, generator=gen).to(dtype).to(device)
     conv_state = st.transpose(1, 2) if transposed_state else st.transpose(1, 2).contiguous()
     slots = (torch.randperm(num_slots - 1, generator=gen)[:len(lens)] + 1).to(torch.int32)
-    return dict(x=x, weight=weight, bias=b, conv_state=conv_state, state_slots=slots, query_start_loc=_qsl(lens))
+    return dict(x=x, weight=weight.to(device), bias=None if b is None else b.to(device), conv_state=conv_state,
+                state_slots=slots.to(device), query_start_loc=_qsl(lens).to(device))

@@ -25,10 +25,6 @@ STATE_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol
 SHAPES = [(16, 32, 128, 128), (2, 6, 64, 40), (1, 3, 100, 24), (3, 3, 48, 30), (2, 2, 256, 20), (1, 1, 1, 1)]
 
 
-def _to(x: dict, device: str) -> dict:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
-
-
 def _reference(x: dict, lens_init: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs and states of the call in float64 on CPU (the inputs as the kernel reads them)."""
     d = {k: (v.cpu().double() if isinstance(v, torch.Tensor) and v.is_floating_point() else
@@ -42,12 +38,13 @@ def _reference(x: dict, lens_init: torch.Tensor | None) -> tuple[torch.Tensor, t
 
 def check_decode(device: str, shape, batch: int, dtype, state_dtype, fused: bool, col_threads: int = 0) -> None:
     hk, hv, dk, dv = shape
-    x = make_gdn([1] * batch, hk, hv, dk, dv, dtype=dtype, fused=fused, strided=True, num_slots=batch + 3,
-                 state_dtype=state_dtype, seed=batch * 7 + dk)
+    g = make_gdn([1] * batch, hk, hv, dk, dv, dtype=dtype, fused=fused, strided=True, num_slots=batch + 3,
+                 state_dtype=state_dtype, seed=batch * 7 + dk, device=device)
+    assert batch == 1 or g["q"].stride(0) > hk * dk  # token rows strided, as views of the conv output are
     if batch >= 3:  # a padded row on the scratch slot, a skipped row
-        x["state_slots"][1], x["state_slots"][2] = 0, -1
-    expected_out, expected_state = _reference(x, None)
-    g = _to(x, device)
+        g["state_slots"][1], g["state_slots"][2] = 0, -1
+    state0 = g["state"].cpu()
+    expected_out, expected_state = _reference(g, None)
     out = torch.full(g["v"].shape, float("nan"), dtype=dtype, device=device)
     if col_threads:
         from vllm_volta import _custom_ops
@@ -58,18 +55,18 @@ def check_decode(device: str, shape, batch: int, dtype, state_dtype, fused: bool
                                         A_log=g["A_log"], dt_bias=g["dt_bias"], out=out)
     torch.testing.assert_close(out.cpu().double(), expected_out, **OUT_TOL[dtype])
     torch.testing.assert_close(g["state"].cpu().double(), expected_state, **STATE_TOL[state_dtype])
-    untouched = [s for s in range(x["state"].shape[0]) if s not in x["state_slots"].tolist()]
-    assert torch.equal(g["state"].cpu()[untouched], x["state"][untouched])
+    untouched = [s for s in range(state0.shape[0]) if s not in g["state_slots"].tolist()]
+    assert torch.equal(g["state"].cpu()[untouched], state0[untouched])
 
 
 def check_prefill(device: str, shape, dtype, state_dtype, fused: bool) -> None:
     hk, hv, dk, dv = shape
     lens = [1, 17, 0, 40, 3]
     init = torch.tensor([True, False, True, True, False])
-    x = make_gdn(lens, hk, hv, dk, dv, dtype=dtype, fused=fused, strided=True, state_dtype=state_dtype, seed=dk)
-    x["state_slots"][4] = -1
-    expected_out, expected_state = _reference(x, init)
-    g = _to(x, device)
+    g = make_gdn(lens, hk, hv, dk, dv, dtype=dtype, fused=fused, strided=True, state_dtype=state_dtype, seed=dk,
+                 device=device)
+    g["state_slots"][4] = -1
+    expected_out, expected_state = _reference(g, init)
     out = gdn_ops.gated_delta_rule_prefill(g["q"], g["k"], g["v"], g["a"], g["b"], g["state"], g["state_slots"],
                                            g["query_start_loc"], init.to(device), A_log=g["A_log"],
                                            dt_bias=g["dt_bias"])
@@ -125,13 +122,14 @@ def test_chunked_prefill_then_decodes_equal_one_prefill(dtype):
 def check_conv(device: str, width: int, dtype, transposed_state: bool, bias: bool) -> None:
     lens = [1, 9, 0, 2, 5]
     init = torch.tensor([True, False, True, True, True])
-    c = make_conv(lens, 300, width, dtype=dtype, bias=bias, transposed_state=transposed_state, strided=True,
-                  seed=width)
-    c["state_slots"][4] = -1
-    d = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in c.items()}
+    g = make_conv(lens, 300, width, dtype=dtype, bias=bias, transposed_state=transposed_state, strided=True,
+                  seed=width, device=device)
+    assert g["x"].stride(0) > 300 and (width == 2 or (g["conv_state"].stride(2) == 300) == transposed_state)
+    g["state_slots"][4] = -1
+    d = {k: (v.cpu().double() if isinstance(v, torch.Tensor) and v.is_floating_point() else
+             None if v is None else v.cpu()) for k, v in g.items()}
     expected = gdn_ops.causal_conv1d_fn(d["x"], d["weight"], d["bias"], d["conv_state"], d["query_start_loc"],
                                         d["state_slots"], init)
-    g = _to(c, device)
     out = gdn_ops.causal_conv1d_fn(g["x"], g["weight"], g["bias"], g["conv_state"], g["query_start_loc"],
                                    g["state_slots"], init.to(device))
     torch.testing.assert_close(out.cpu().double(), expected, **OUT_TOL[dtype])
@@ -153,7 +151,7 @@ def test_causal_conv1d_matches_float64_reference(dtype, width, transposed_state,
 
 
 def test_ops_opcheck():
-    x = _to(make_gdn([1, 1], 2, 4, 16, 8, dtype=torch.float16), "cuda")
+    x = make_gdn([1, 1], 2, 4, 16, 8, dtype=torch.float16, device="cuda")
     out = torch.empty(x["v"].shape, dtype=torch.float16, device="cuda")
     torch.library.opcheck(torch.ops._C.gated_delta_rule_decode.default,
                           (out, x["q"], x["k"], x["v"], x["a"], x["b"], x["state"], x["state_slots"], 0.25, True,
@@ -161,7 +159,7 @@ def test_ops_opcheck():
     torch.library.opcheck(torch.ops._C.gated_delta_rule_prefill.default,
                           (out, x["q"], x["k"], x["v"], x["a"], x["b"], x["state"], x["state_slots"],
                            x["query_start_loc"], None, 0.25, True, x["A_log"], x["dt_bias"], 0))
-    c = _to(make_conv([2, 1], 40, 4, dtype=torch.float16), "cuda")
+    c = make_conv([2, 1], 40, 4, dtype=torch.float16, device="cuda")
     out = torch.empty(c["x"].shape, dtype=torch.float16, device="cuda")
     torch.library.opcheck(torch.ops._C.causal_conv1d_fn.default,
                           (out, c["x"], c["weight"], c["bias"], c["conv_state"], c["query_start_loc"],
