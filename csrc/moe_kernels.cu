@@ -141,7 +141,9 @@ void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Ten
   const cudaStream_t stream = current_stream(input);
   const int64_t nvec = a.k / moe_vec_elems(input.scalar_type());
   const int64_t rows = rows_per_block == 0 ? moe_auto_rows(nvec) : rows_per_block;
-  const int threads = moe_gemv_threads(nvec);
+  const int group_threads = moe_gemv_threads(nvec);
+  // Groups of threads on different experts at once, up to kMoeGemvThreads in all.
+  const int threads = group_threads * static_cast<int>(std::min<int64_t>(a.top_k, kMoeGemvThreads / group_threads));
   dispatch_float_type(op, input, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
     dispatch_moe_rows(rows, [&](auto r_tag) {
@@ -152,7 +154,7 @@ void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Ten
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(input.data_ptr()),
           static_cast<const T*>(w2.data_ptr()), static_cast<const int*>(topk_ids.data_ptr()),
           static_cast<const float*>(topk_weights.data_ptr()), static_cast<int>(a.top_k), static_cast<int>(a.experts),
-          static_cast<int>(a.n), static_cast<int>(a.k));
+          static_cast<int>(a.n), static_cast<int>(a.k), group_threads);
     });
   });
   check_launch(op);

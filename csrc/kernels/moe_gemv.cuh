@@ -10,7 +10,8 @@
 //    up = x_t . w13[e][I + i], each rounded to T first (the layer's gemm, then silu_and_mul).
 //  - moe_gemv_down_sum_kernel, grid (T, ceil(H / R)): token t's rows h of every chosen expert,
 //    out[t][h] = sum_j weights[t][j] * (in[t][j] . w2[e_j][h]): the routing weight and the
-//    top-k sum in FP32, rounded to T once (no atomics, no second pass).
+//    top-k sum in FP32, rounded to T once (no atomics, no second pass). Where a row needs fewer
+//    than the block's threads, groups of threads take different experts at once.
 #pragma once
 
 #include "kernels/activation.cuh"
@@ -30,13 +31,13 @@ __device__ __forceinline__ void vec16_to_float(const uint4& v, float (&f)[16 / s
   for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) f[i] = Convert<T>::to_float(e[i]);
 }
 
-// acc[r] += x . rows[r] over this thread's share of nvec 16-byte vectors (x and rows aligned).
+// acc[r] += x . rows[r] over thread `tid`'s share (of `threads`) of nvec 16-byte vectors (x and
+// rows aligned).
 template <typename T, int R>
 __device__ __forceinline__ void moe_rows_dot(const uint4* __restrict__ x, const uint4* const (&rows)[R], int nvec,
-                                             float (&acc)[R]) {
+                                             float (&acc)[R], int tid, int threads) {
   constexpr int N = 16 / sizeof(T);
-  const int threads = blockDim.x;
-  for (int v0 = threadIdx.x; v0 < nvec; v0 += threads * kMoeGemvSteps) {
+  for (int v0 = tid; v0 < nvec; v0 += threads * kMoeGemvSteps) {
     uint4 wv[kMoeGemvSteps][R];
     uint4 xv[kMoeGemvSteps];
 #pragma unroll
@@ -107,7 +108,8 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    moe_rows_dot<T, R>(reinterpret_cast<const uint4*>(input + static_cast<int64_t>(t) * k), rows, k / N, acc);
+    moe_rows_dot<T, R>(reinterpret_cast<const uint4*>(input + static_cast<int64_t>(t) * k), rows, k / N, acc,
+                       threadIdx.x, blockDim.x);
     float total[R];
     moe_block_sums<R>(acc, partial, total);
     if (threadIdx.x < C && col0 + static_cast<int>(threadIdx.x) < n) {
@@ -130,7 +132,7 @@ template <typename T, int R>
 __global__ void __launch_bounds__(kMoeGemvThreads)
     moe_gemv_down_sum_kernel(T* __restrict__ out, const T* __restrict__ input, const T* __restrict__ w2,
                              const int* __restrict__ topk_ids, const float* __restrict__ topk_weights, int top_k,
-                             int experts, int n, int k) {
+                             int experts, int n, int k, int group_threads) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
@@ -140,7 +142,11 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    for (int j = 0; j < top_k; ++j) {
+    // The block's threads form groups of group_threads; group g takes experts g, g + groups, ...
+    // so that short rows (a small intermediate size) still keep every thread's loads in flight.
+    const int groups = blockDim.x / group_threads, g = threadIdx.x / group_threads;
+    const int tid = threadIdx.x % group_threads;
+    for (int j = g; j < top_k; j += groups) {
       const int64_t pair = static_cast<int64_t>(t) * top_k + j;
       int e = topk_ids[pair];
       e = e >= 0 && e < experts ? e : 0;
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
       float part[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) part[r] = 0.f;
-      moe_rows_dot<T, R>(reinterpret_cast<const uint4*>(input + pair * k), rows, k / N, part);
+      moe_rows_dot<T, R>(reinterpret_cast<const uint4*>(input + pair * k), rows, k / N, part, tid, group_threads);
       // The weight scales this thread's share: the block's sum is then the weighted sum.
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = fmaf(weight, part[r], acc[r]);
