@@ -68,8 +68,9 @@ def _cmake_args(plan: BuildPlan, ninja: Path) -> list[str]:
         f"-DCMAKE_MAKE_PROGRAM={ninja}",
         f"-DPython_EXECUTABLE={plan.python}",
         f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
-        # The plan already decided CPU vs CUDA; CMake queries the same torch and agrees.
-        f"-DVLLM_VOLTA_FORCE_CPU={'OFF' if plan.cuda else 'ON'}",
+        f"-DVLLM_VOLTA_FORCE_CPU={'ON' if os.environ.get('VLLM_VOLTA_FORCE_CPU') == '1' else 'OFF'}",
+        # CMake queries the torch again and stops if it does not reach the same decision.
+        f"-DVLLM_VOLTA_EXPECT_CUDA={'ON' if plan.cuda else 'OFF'}",
         f"-DVLLM_VOLTA_CUDART={os.environ.get('VLLM_VOLTA_CUDART', 'static')}",
     ]
     if plan.nvcc is not None:

@@ -5,6 +5,8 @@ which nvcc, cmake and ninja; each impossible case stops with one message naming 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,3 +161,17 @@ def test_build_tools_of_this_environment_are_found():
 def test_nvcc_release_is_read_from_its_version_banner(tmp_path):
     assert tools.nvcc_version(fake_nvcc_dir(tmp_path, "12.6") / "nvcc") == (12, 6)
     assert tools.nvcc_version(fake_nvcc_dir(tmp_path / "b", None) / "nvcc") is None
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
+def test_cmake_stops_when_it_sees_another_torch_than_the_plan(tmp_path):
+    """setup.py passes its CPU / CUDA decision; a configure whose torch disagrees (here: a CUDA
+    build expected, this CPU torch seen) stops before anything compiles."""
+    import torch
+
+    expect = "OFF" if torch.version.cuda else "ON"
+    proc = subprocess.run(["cmake", "-S", str(REPO), "-B", str(tmp_path / "b"), "-G", "Ninja",
+                           f"-DPython_EXECUTABLE={sys.executable}", f"-DVLLM_VOLTA_EXPECT_CUDA={expect}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert f"planned VLLM_VOLTA_EXPECT_CUDA={expect}" in " ".join(proc.stderr.split())
