@@ -217,8 +217,9 @@ class ModelConfig:
     def _per_layer(self, name: str) -> list[Any] | None:
         """A setting that varies by layer (Gemma 4's ``per_layer_config``, where a global read of
         it raises), one value per layer; None for models whose layers are alike."""
-        layers = getattr(self.text_config, "per_layer_config", None)
-        return [getattr(layer, name) for layer in layers] if layers else None
+        layers = getattr(self.text_config, "per_layer_config", None)  # any config in recent transformers
+        values = [getattr(layer, name, None) for layer in layers] if layers else []
+        return values if values and all(v is not None for v in values) else None
 
     def get_num_kv_heads(self) -> int:
         """KV heads (the largest count of any layer where they vary)."""
