@@ -170,7 +170,7 @@ class Gemma4ForCausalLM(nn.Module):
         k_proj also as the v part of k_eq_v layers; KV-shared layers' unused k/v weights dropped."""
         for name, tensor in weights:
             match = _LAYER_NAME.fullmatch(name)
-            if match is None:
+            if match is None or int(match[1]) >= len(self.model.plans):  # the loader names the stray
                 yield name, tensor
                 continue
             plan, rest = self.model.plans[int(match[1])], match[2]
