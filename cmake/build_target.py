@@ -91,7 +91,7 @@ def check_torch(torch: TorchInfo | None, python: str) -> TorchInfo:
     """Stop unless the target has a torch the stable ABI supports (>= 2.11)."""
     if torch is None:
         raise BuildStop(
-            f"vllm_volta is built against the torch that will run it, and {python} has none: "
+            f"the extension is built against the torch that will run it, and {python} has none: "
             f"{TORCH_FIRST}, then: {INSTALL_STEPS}")
     if torch.version_tuple() < MIN_TORCH:
         raise BuildStop(

@@ -30,8 +30,8 @@ def copy_source(dest: Path) -> Path:
     return dest
 
 
-def make_venv(path: Path, *, system_site_packages: bool) -> Path:
-    venv.create(path, system_site_packages=system_site_packages, with_pip=True)
+def make_venv(path: Path, *, system_site_packages: bool, with_pip: bool = True) -> Path:
+    venv.create(path, system_site_packages=system_site_packages, with_pip=with_pip)
     return path / "bin" / "python"
 
 
@@ -43,15 +43,16 @@ def fake_bin(tmp: Path, name: str, body: str) -> Path:
     return d
 
 
-def pip_install(python: Path, src: Path, *extra: str, path_prefix: Path | None = None
-                ) -> subprocess.CompletedProcess:
+def pip_install(python: Path, src: Path, *extra: str, path_prefix: Path | None = None,
+                own_pip: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith("VLLM_VOLTA_")}
     env["MAX_JOBS"] = "2"
     if path_prefix is not None:
         env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
-    pip = python.parent / "pip"  # the venv's pip, the venv not activated
-    return subprocess.run([str(pip), "install", "-v", "--no-deps", *extra, "-e", str(src)],
+    # The venv's own pip, the venv not activated; or this pip installing into it (--python).
+    pip = [str(python.parent / "pip")] if own_pip else [sys.executable, "-m", "pip", "--python", str(python)]
+    return subprocess.run([*pip, "install", "-v", "--no-deps", *extra, "-e", str(src)],
                           cwd=src, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -97,9 +98,9 @@ def test_no_isolation_from_an_unactivated_venv_ignores_an_old_cmake_on_path(cpu_
 
 
 def test_isolated_install_without_torch_stops_before_compiling(tmp_path):
-    python = make_venv(tmp_path / "venv", system_site_packages=False)
+    python = make_venv(tmp_path / "venv", system_site_packages=False, with_pip=False)
     src = copy_source(tmp_path / "src")
-    proc = pip_install(python, src)
+    proc = pip_install(python, src, own_pip=False)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "has none: install torch first" in log and "--no-build-isolation -e ." in log
