@@ -324,10 +324,10 @@ def test_engine_greedy_matches_transformers(models, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_fp16_cuda_backends_match_transformers(kind, tmp_path):
-    """float16 on the GPU with the float32 residual stream, on each attention backend that runs
-    the head sizes (VOLTA_PAGED: 128 sliding / 256 full; TORCH_SDPA: also Gemma 4's 512): chunked
-    prefill, decode and a prefix hit within float16 noise of transformers in float32; the
-    KV-shared layers' prefill reads the keys their source layer computed in the same step."""
+    """float16 on the GPU with the float32 residual stream, on both attention backends with Gemma
+    4's head sizes (256 sliding, 512 full) and smaller ones: chunked prefill, decode and a prefix
+    hit within float16 noise of transformers in float32; the KV-shared layers' prefill reads the
+    keys their source layer computed in the same step."""
     from vllm_volta.attention.backends.torch_sdpa import TorchSDPABackend
     from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
     from vllm_volta.model_executor.model_loader.loader import get_model
@@ -335,8 +335,9 @@ def test_fp16_cuda_backends_match_transformers(kind, tmp_path):
 
     from .hf_compare import check_mixed_batch
 
-    for backend, head_dim, global_head_dim in ((VoltaPagedBackend, 128, 256), (TorchSDPABackend, 256, 512)):
-        folder = tmp_path / backend.name
+    for backend, head_dim, global_head_dim in ((VoltaPagedBackend, 256, 512), (VoltaPagedBackend, 128, 256),
+                                               (TorchSDPABackend, 256, 512)):
+        folder = tmp_path / f"{backend.name}_{head_dim}"
         hf = save_hf(text_config(kind, hidden_size=128, num_attention_heads=2, head_dim=head_dim,
                                  global_head_dim=global_head_dim), folder)
         soften_attention(hf, folder)
@@ -351,14 +352,14 @@ def test_fp16_cuda_backends_match_transformers(kind, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", ["e", "dense"])
 def test_fp16_engine_logprobs_match_transformers(kind, tmp_path):
-    """The engine as users run it on the GPU (float16, VOLTA_PAGED with heads of 128 / 256, CUDA
-    graphs over KV-shared layers): every prompt and generated token's logprob within float16
-    noise of transformers' (float32)."""
+    """The engine as users run it on the GPU (float16, VOLTA_PAGED with heads of 256 / 512 as Gemma
+    4's, CUDA graphs over KV-shared layers): every prompt and generated token's logprob within
+    float16 noise of transformers' (float32)."""
     from test_v100.worker.tiny_models import VOCAB_SIZE
 
     from .hf_compare import check_engine_logprobs
 
-    config = text_config(kind, hidden_size=256, num_attention_heads=2, head_dim=128, global_head_dim=256,
+    config = text_config(kind, hidden_size=256, num_attention_heads=2, head_dim=256, global_head_dim=512,
                          vocab_size=VOCAB_SIZE, vocab_size_per_layer_input=VOCAB_SIZE, max_position_embeddings=512,
                          sliding_window=16)
     config.architectures = ["Gemma4ForCausalLM"]
