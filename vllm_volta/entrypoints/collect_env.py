@@ -167,8 +167,12 @@ def linear_kernels(plat: Any, dtype: torch.dtype, ext_loaded: bool) -> Section:
         dense = f"cuBLAS (F.linear) for every size ({why})"
     else:
         dense = f"PyTorch CPU GEMM (F.linear), {dtype_name(dtype)}"
-    out: Section = {"dense": dense,
-                    "AWQ / GPTQ 4-bit": kernel_path(dev, dtype) if ext_loaded else "n/a"}
+    awq = kernel_path(dev, dtype)
+    if plat.is_cuda() and not ops.has_cuda_kernel("awq_gemv"):
+        awq += "; this build has no CUDA awq_gemv kernel"
+    out: Section = {"dense": dense, "AWQ / GPTQ 4-bit": awq,
+                    "mixture of experts": "each used expert's GEMMs on its tokens, grouped on the host "
+                                          "(no fused MoE kernel; MoE models run without CUDA graphs)"}
     if ops.v100_adapter_build():
         out["gated MLP"] = "gate/up as two GEMMs (V100 adapter build: contiguous rows for silu_and_mul)"
     return out
