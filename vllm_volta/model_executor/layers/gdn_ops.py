@@ -12,7 +12,8 @@ Shapes (N tokens of B sequences, Hk key heads of dim Dk, Hv value heads of dim D
   zeros out, states untouched); ``query_start_loc`` [B + 1] int32; ``has_initial_state`` [B]
   bool (None: every sequence continues from its slot's state; False: starts from zeros).
 Slots of one call must be distinct, except padding rows, which may share a scratch slot.
-float16 / float32 everywhere; bfloat16 on SM80+ GPUs (and on CPU).
+float16 / float32 everywhere; bfloat16 on SM80+ GPUs (and on CPU). Bad arguments raise an error
+naming the op and the argument: ValueError on the PyTorch path, RuntimeError from the CUDA op.
 """
 
 from __future__ import annotations
