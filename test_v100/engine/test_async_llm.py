@@ -14,6 +14,7 @@ import pytest
 from test_v100.entrypoints.openai.utils import build_tiny_llama, hf_greedy
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.async_llm import AsyncLLM, EngineLoopError, RequestStream
+from vllm_volta.engine.engine_errors import EngineDeadError, is_fatal
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.sampling_params import SamplingParams
 
@@ -38,6 +39,7 @@ class FlakyEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self._engine = engine
         self.armed = False
+        self.failure = "injected step failure"  # the message of the armed step's error
         self.gate = threading.Event()  # step() waits while it is clear
         self.gate.set()
         self.blocked = threading.Event()  # set when a step() found the gate clear
@@ -53,7 +55,7 @@ class FlakyEngine:
         self.gate.wait()
         if self.armed:
             self.armed = False
-            raise RuntimeError("injected step failure")
+            raise RuntimeError(self.failure)
         return self._engine.step()
 
     def __getattr__(self, name):
@@ -358,3 +360,61 @@ def test_timing_has_one_gap_per_token_when_an_output_brings_several(n):
     assert rec.first == [1.0]
     assert rec.gaps == pytest.approx([0.0, 1.0, 2.0, 0.0, 0.0])
     assert rec.ends == [(pytest.approx(4.0), "length")]
+
+
+def test_fatal_errors_are_told_apart():
+    assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert is_fatal(RuntimeError("tensor-parallel worker failure: rank 1 exited"))
+    assert is_fatal(EngineDeadError("gone"))
+    assert not is_fatal(RuntimeError("injected step failure"))
+    assert not is_fatal(ValueError("prompt: too long"))
+
+
+def test_a_fatal_step_error_kills_the_engine(llm):
+    async_llm, flaky = llm
+
+    async def main():
+        stream = await async_llm.add_request("a", [5, 6, 7], greedy(40))
+        await stream.__anext__()
+        flaky.failure, flaky.armed = "CUDA error: an illegal memory access was encountered", True
+        with pytest.raises(EngineDeadError, match="CUDA error"):
+            async for _ in stream:
+                pass
+        assert async_llm.failed and not async_llm.is_running  # no factory: dead for good
+        with pytest.raises(EngineDeadError):
+            await async_llm.add_request("b", [5, 6], greedy(2))
+        assert async_llm.get_stats().num_running == 0
+
+    asyncio.run(main())
+
+
+def test_a_dead_engine_is_replaced_by_the_factory(model_dir):
+    args = EngineArgs(model=model_dir, max_model_len=128, max_num_seqs=MAX_NUM_SEQS,
+                      cpu_kvcache_space=0.01, seed=0)
+    built: list[FlakyEngine] = []
+
+    def factory() -> FlakyEngine:
+        built.append(FlakyEngine(LLMEngine.from_engine_args(args)))
+        return built[-1]
+
+    async_llm = AsyncLLM(factory(), owns_engine=True, engine_factory=factory)
+
+    async def main():
+        stream = await async_llm.add_request("a", [5, 6, 7], greedy(40))
+        await stream.__anext__()
+        built[0].failure, built[0].armed = "tensor-parallel worker failure: rank 1 exited", True
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        for _ in range(600):  # the new engine loads in the loop's thread
+            if async_llm.is_running:
+                break
+            await asyncio.sleep(0.05)
+        assert async_llm.is_running and async_llm.num_restarts == 1 and len(built) == 2
+        out = await final_output(async_llm, [5, 6, 7], greedy(4), "b")
+        assert len(out.outputs[0].token_ids) == 4
+
+    try:
+        asyncio.run(main())
+    finally:
+        async_llm.shutdown()
