@@ -153,6 +153,13 @@ ENV_VARS: dict[str, EnvVar] = {
             _parse_path,
         ),
         EnvVar(
+            "VLLM_TUNED_CONFIG_FOLDER",
+            "vLLM's folder of user-tuned Triton configs: W8A8 block-FP8 GEMM files named as vLLM "
+            "names them (N=..,K=..,device_name=..,dtype=fp8_w8a8,block_shape=[..].json) are "
+            "looked up there after VLLM_VOLTA_KERNEL_CONFIG_DIR and before the shipped folder.",
+            _parse_path,
+        ),
+        EnvVar(
             "VLLM_VOLTA_CACHE_ROOT",
             "Root folder for vllm_volta's caches. Default: $XDG_CACHE_HOME/vllm_volta, "
             "i.e. ~/.cache/vllm_volta.",
