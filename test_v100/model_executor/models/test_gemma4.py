@@ -98,16 +98,12 @@ def test_kv_cache_specs_per_layer():
 
 def test_loaded_layers(models):
     hf, ours = models
-    specs = ours.kv_cache_specs()
-    f32 = torch.float32
-    expected = {
-        5: [SlidingWindowSpec(2, 16, f32, sliding_window=4), FullAttentionSpec(2, 32, f32),
-            SlidingWindowSpec(2, 16, f32, sliding_window=4), SharedKVSpec(source=2), SharedKVSpec(source=1)],
-        3: None,
-    }[ours.config.num_hidden_layers]
-    if expected is not None:
-        assert specs == expected
-    assert len(specs) == ours.config.num_hidden_layers
+    sliding, full = SlidingWindowSpec(2, 16, torch.float32, sliding_window=4), FullAttentionSpec(2, 32, torch.float32)
+    expected = {"e": [sliding, full, sliding, SharedKVSpec(source=2), SharedKVSpec(source=1)],
+                "dense": [sliding, FullAttentionSpec(1, 32, torch.float32), FullAttentionSpec(1, 32, torch.float32)],
+                "moe": [sliding, sliding, full]}
+    kind = "e" if ours.model.per_layer_size else "dense" if ours.config.attention_k_eq_v else "moe"
+    assert ours.kv_cache_specs() == expected[kind]
     layers = [layer.self_attn for layer in ours.model.layers]
     full = next(a for a in layers if a.attn.impl.sliding_window is None)
     sliding = next(a for a in layers if a.attn.impl.sliding_window == 4)
