@@ -42,6 +42,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("moe_align_block_size", TORCH_BOX(&moe_align_block_size));
   m.impl("moe_sum", TORCH_BOX(&moe_sum));
   m.impl("moe_gemv_silu_and_mul", TORCH_BOX(&moe_gemv_silu_and_mul));
+  m.impl("moe_gemv_gelu_tanh_and_mul", TORCH_BOX(&moe_gemv_gelu_tanh_and_mul));
   m.impl("moe_gemv_down_sum", TORCH_BOX(&moe_gemv_down_sum));
   m.impl("moe_grouped_gemm", TORCH_BOX(&moe_grouped_gemm));
 }

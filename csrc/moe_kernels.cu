@@ -103,8 +103,11 @@ void moe_sum(Tensor input, Tensor output) {
   check_launch(op);
 }
 
-void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
-  const char* op = "moe_gemv_silu_and_mul";
+namespace {
+
+template <Activation A>
+void launch_moe_gemv_act_and_mul(const char* op, Tensor out, Tensor input, Tensor w13, Tensor topk_ids,
+                                 int64_t rows_per_block) {
   const MoeGemvArgs a = check_moe_gemv_args(op, out, input, w13, topk_ids, std::nullopt, rows_per_block, true);
   check_cuda(op, "input", input);
   check_aligned(op, {&out, &input, &w13});
@@ -121,13 +124,24 @@ void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids
       // Pairs on x (up to 2^31 - 1), feature groups on y (< 65536: checked).
       const dim3 grid(static_cast<unsigned>(a.tokens * a.top_k), static_cast<unsigned>(ceil_div(a.n, R / 2)));
       VLLM_VOLTA_CHECK(grid.y < 65536, op, ": intermediate size ", a.n, " needs more rows per block");
-      moe_gemv_silu_and_mul_kernel<T, R><<<grid, threads, 0, stream>>>(
+      moe_gemv_act_and_mul_kernel<T, R, A><<<grid, threads, 0, stream>>>(
           static_cast<T*>(out.data_ptr()), static_cast<const T*>(input.data_ptr()),
           static_cast<const T*>(w13.data_ptr()), static_cast<const int*>(topk_ids.data_ptr()),
           static_cast<int>(a.top_k), static_cast<int>(a.experts), static_cast<int>(a.n), static_cast<int>(a.k));
     });
   });
   check_launch(op);
+}
+
+}  // namespace
+
+void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
+  launch_moe_gemv_act_and_mul<Activation::kSilu>("moe_gemv_silu_and_mul", out, input, w13, topk_ids, rows_per_block);
+}
+
+void moe_gemv_gelu_tanh_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
+  launch_moe_gemv_act_and_mul<Activation::kGeluTanh>("moe_gemv_gelu_tanh_and_mul", out, input, w13, topk_ids,
+                                                     rows_per_block);
 }
 
 void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,

@@ -54,6 +54,7 @@ void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t blo
                                Tensor experts_ids, Tensor num_tokens_post_pad);
 void meta_moe_sum(Tensor input, Tensor output);
 void meta_moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
+void meta_moe_gemv_gelu_tanh_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
 void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
                             int64_t rows_per_block);
 void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
@@ -122,6 +123,7 @@ void moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_si
                           Tensor experts_ids, Tensor num_tokens_post_pad);
 void moe_sum(Tensor input, Tensor output);
 void moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
+void moe_gemv_gelu_tanh_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block);
 void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
                        int64_t rows_per_block);
 void moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,

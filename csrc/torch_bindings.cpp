@@ -109,6 +109,9 @@ void meta_moe_sum(Tensor input, Tensor output) { check_moe_sum_args(input, outpu
 void meta_moe_gemv_silu_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
   check_moe_gemv_args("moe_gemv_silu_and_mul", out, input, w13, topk_ids, std::nullopt, rows_per_block, true);
 }
+void meta_moe_gemv_gelu_tanh_and_mul(Tensor out, Tensor input, Tensor w13, Tensor topk_ids, int64_t rows_per_block) {
+  check_moe_gemv_args("moe_gemv_gelu_tanh_and_mul", out, input, w13, topk_ids, std::nullopt, rows_per_block, true);
+}
 void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights,
                             int64_t rows_per_block) {
   check_moe_gemv_args("moe_gemv_down_sum", out, input, w2, topk_ids, topk_weights, rows_per_block, false);
@@ -244,6 +247,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [T, H] = sum_j topk_weights[t, j] * input[t, j] @ w2[e]^T (w2 [E, H, I]).
   m.def("moe_gemv_silu_and_mul(Tensor! out, Tensor input, Tensor w13, Tensor topk_ids, "
         "int rows_per_block=0) -> ()");
+  m.def("moe_gemv_gelu_tanh_and_mul(Tensor! out, Tensor input, Tensor w13, Tensor topk_ids, "
+        "int rows_per_block=0) -> ()");
   m.def("moe_gemv_down_sum(Tensor! out, Tensor input, Tensor w2, Tensor topk_ids, Tensor topk_weights, "
         "int rows_per_block=0) -> ()");
   // Prefill: out [P, N] rows p = input[p / top_k] @ weight[e]^T (x topk_weights[p]) over sorted blocks.
@@ -283,6 +288,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("moe_align_block_size", TORCH_BOX(&meta_moe_align_block_size));
   m.impl("moe_sum", TORCH_BOX(&meta_moe_sum));
   m.impl("moe_gemv_silu_and_mul", TORCH_BOX(&meta_moe_gemv_silu_and_mul));
+  m.impl("moe_gemv_gelu_tanh_and_mul", TORCH_BOX(&meta_moe_gemv_gelu_tanh_and_mul));
   m.impl("moe_gemv_down_sum", TORCH_BOX(&meta_moe_gemv_down_sum));
   m.impl("moe_grouped_gemm", TORCH_BOX(&meta_moe_grouped_gemm));
 }

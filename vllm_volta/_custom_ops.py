@@ -341,6 +341,12 @@ def moe_gemv_silu_and_mul(out: torch.Tensor, input: torch.Tensor, w13: torch.Ten
     torch.ops._C.moe_gemv_silu_and_mul(out, input, w13, topk_ids, rows_per_block)
 
 
+def moe_gemv_gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
+                               rows_per_block: int = 0) -> None:
+    """``moe_gemv_silu_and_mul`` with the tanh-approximated GELU (``gelu_tanh_and_mul``'s) for SiLU."""
+    torch.ops._C.moe_gemv_gelu_tanh_and_mul(out, input, w13, topk_ids, rows_per_block)
+
+
 def moe_gemv_down_sum(out: torch.Tensor, input: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                       topk_weights: torch.Tensor, rows_per_block: int = 0) -> None:
     """Decode down projection and top-k sum: ``out`` [T, H] <- sum_j ``topk_weights``[t, j] *

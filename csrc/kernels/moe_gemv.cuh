@@ -5,9 +5,10 @@
 // two steps of R loads in flight), the partial sums meet through warp shuffles and one
 // shared-memory pass. The grid depends only on the token count, so both kernels can be
 // captured in a CUDA graph; expert ids are read on the device.
-//  - moe_gemv_silu_and_mul_kernel, grid (T k, ceil(I / (R/2))): pair p = (t, j) with expert
-//    e = ids[p]; out[p][i] = silu(gate) * up for R/2 features i, gate = x_t . w13[e][i] and
-//    up = x_t . w13[e][I + i], each rounded to T first (the layer's gemm, then silu_and_mul).
+//  - moe_gemv_act_and_mul_kernel, grid (T k, ceil(I / (R/2))): pair p = (t, j) with expert
+//    e = ids[p]; out[p][i] = act(gate) * up for R/2 features i, gate = x_t . w13[e][i] and
+//    up = x_t . w13[e][I + i], each rounded to T first (the layer's gemm, then silu_and_mul or
+//    gelu_tanh_and_mul: act is SiLU or tanh-approximated GELU).
 //  - moe_gemv_down_sum_kernel, grid (T, ceil(H / R)): token t's rows h of every chosen expert,
 //    out[t][h] = sum_j weights[t][j] * (in[t][j] . w2[e_j][h]): the routing weight and the
 //    top-k sum in FP32, rounded to T once (no atomics, no second pass). Where a row needs fewer
@@ -82,9 +83,9 @@ __device__ __forceinline__ void moe_block_sums(float (&acc)[R], float (*partial)
   }
 }
 
-template <typename T, int R>
+template <typename T, int R, Activation A>
 __global__ void __launch_bounds__(kMoeGemvThreads)
-    moe_gemv_silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ input, const T* __restrict__ w13,
+    moe_gemv_act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ input, const T* __restrict__ w13,
                                  const int* __restrict__ topk_ids, int top_k, int experts, int n, int k) {
   if constexpr (!arch_supports<T>::value) {
     __trap();
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(kMoeGemvThreads)
           up = total[C + r];
         }
       }
-      const float a = round_to<T>(activate<Activation::kSilu>(round_to<T>(gate)));
+      const float a = round_to<T>(activate<A>(round_to<T>(gate)));
       out[static_cast<int64_t>(pair) * n + col0 + c] = Convert<T>::from_float(a * round_to<T>(up));
     }
   }

@@ -96,9 +96,11 @@ NVRTC_UNITS = {
                                 for t in ("__half", "float", "__nv_bfloat16") for s in ("kSoftmax", "kSigmoid")]
                                + ["&vllm_volta::moe_align_block_size_kernel"]
                                + [f"&vllm_volta::moe_sum_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
-    "kernels/moe_gemv.cuh": [f"&vllm_volta::{k}<{t}, {r}>" for k in ("moe_gemv_silu_and_mul_kernel",
-                                                                      "moe_gemv_down_sum_kernel")
-                             for t in ("__half", "float", "__nv_bfloat16") for r in (2, 4, 8)],
+    "kernels/moe_gemv.cuh": [f"&vllm_volta::moe_gemv_act_and_mul_kernel<{t}, {r}, vllm_volta::Activation::{a}>"
+                             for t in ("__half", "float", "__nv_bfloat16") for r in (2, 4, 8)
+                             for a in ("kSilu", "kGeluTanh")]
+                            + [f"&vllm_volta::moe_gemv_down_sum_kernel<{t}, {r}>"
+                               for t in ("__half", "float", "__nv_bfloat16") for r in (2, 4, 8)],
     "kernels/moe_gemm.cuh": [f"&vllm_volta::moe_grouped_gemm_kernel<{t}, {bm}>"
                              for t in ("__half", "__nv_bfloat16") for bm in (16, 32, 64)],
 }

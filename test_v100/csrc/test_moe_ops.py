@@ -112,11 +112,12 @@ def _routing(tokens, e, k, device, seed=0):
     return ids, w
 
 
-def _reference_act(x, w13, ids):
-    """[T, k, I] float64: silu(gate) * up of each chosen expert."""
+def _reference_act(x, w13, ids, activation="silu"):
+    """[T, k, I] float64: act(gate) * up of each chosen expert."""
     inter = w13.shape[1] // 2
     h = torch.einsum("th,tkih->tki", x.double(), w13[ids.long()].double())
-    return F.silu(h[..., :inter]) * h[..., inter:]
+    act = F.silu if activation == "silu" else lambda g: F.gelu(g, approximate="tanh")
+    return act(h[..., :inter]) * h[..., inter:]
 
 
 def _reference_down(act, w2, ids, w):
@@ -127,12 +128,13 @@ def _reference_down(act, w2, ids, w):
 SHAPES = [(5, 72, 40, 2), (8, 256, 1032, 2), (128, 2048, 768, 8), (3, 16, 8, 3)]
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("rows_per_block", [0, 2, 4, 8])
 @pytest.mark.parametrize("tokens", [1, 3, 8])
 @pytest.mark.parametrize("e,hidden,inter,k", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
-def test_decode_gemvs_match_float64(device, dtype, e, hidden, inter, k, tokens, rows_per_block):
+def test_decode_gemvs_match_float64(device, dtype, e, hidden, inter, k, tokens, rows_per_block, activation):
     skip_unsupported(device, dtype)
     if hidden % (16 // torch.empty(0, dtype=dtype).element_size()):
         pytest.skip("hidden not a whole number of 16-byte vectors")
@@ -140,8 +142,8 @@ def test_decode_gemvs_match_float64(device, dtype, e, hidden, inter, k, tokens, 
     ids, w = _routing(tokens, e, k, device)
     x = torch.randn(tokens, hidden, device=device).to(dtype)
     act = torch.full((tokens, k, inter), float("nan"), dtype=dtype, device=device)
-    torch.ops._C.moe_gemv_silu_and_mul(act, x, w13, ids, rows_per_block)
-    torch.testing.assert_close(act.double(), _reference_act(x, w13, ids), **TOL[dtype])
+    getattr(torch.ops._C, f"moe_gemv_{activation}_and_mul")(act, x, w13, ids, rows_per_block)
+    torch.testing.assert_close(act.double(), _reference_act(x, w13, ids, activation), **TOL[dtype])
     out = torch.full((tokens, hidden), float("nan"), dtype=dtype, device=device)
     torch.ops._C.moe_gemv_down_sum(out, act, w2, ids, w, rows_per_block)
     torch.testing.assert_close(out.double(), _reference_down(act, w2, ids, w), **TOL[dtype])
@@ -234,6 +236,9 @@ def test_expert_gemv_and_gemm_bad_input_is_a_clear_error():
     with pytest.raises(RuntimeError, match=re.escape("moe_gemv_silu_and_mul: 'out' must be [num_tokens, top_k, "
                                                      "intermediate] = [2, 2, 16]")):
         torch.ops._C.moe_gemv_silu_and_mul(_meta((2, 2, 8)), _meta((2, 64)), _meta((4, 32, 64)), ids, 0)
+    with pytest.raises(RuntimeError, match=re.escape("moe_gemv_gelu_tanh_and_mul: 'out' must be [num_tokens, "
+                                                     "top_k, intermediate] = [2, 2, 16]")):
+        torch.ops._C.moe_gemv_gelu_tanh_and_mul(_meta((2, 2, 8)), _meta((2, 64)), _meta((4, 32, 64)), ids, 0)
     with pytest.raises(RuntimeError, match=re.escape("moe_gemv_silu_and_mul: in_features must be a positive "
                                                      "multiple of 8 (16-byte vectors), got 12")):
         torch.ops._C.moe_gemv_silu_and_mul(_meta((2, 2, 16)), _meta((2, 12)), _meta((4, 32, 12)), ids, 0)

@@ -2,13 +2,14 @@
 
 Given each token's experts (int32 ids [T, k]) and routing weights (float32 [T, k]), two paths:
 
-- ``gemv`` (decode, a few tokens): ``moe_gemv_silu_and_mul`` reads the chosen experts' gate and up
-  rows once per (token, expert) pair and applies SiLU-and-mul; ``moe_gemv_down_sum`` reads their
+- ``gemv`` (decode, a few tokens): ``moe_gemv_silu_and_mul`` (``moe_gemv_gelu_tanh_and_mul``) reads
+  the chosen experts' gate and up rows once per (token, expert) pair and applies the gated activation; ``moe_gemv_down_sum`` reads their
   down rows, weights each product and sums a token's k of them, in FP32. Two launches, no
   intermediate but [T, k, I]. float16 / float32 (bfloat16 on SM80+).
 - ``gemm`` (prefill, larger batches; 16-bit dtypes): vLLM's fused-MoE design: the pairs sorted
   by expert and padded per expert to ``block_size`` (``moe_align_block_size``), then the
-  tensor-core ``moe_grouped_gemm`` (WMMA, FP32 accumulation) for gate_up, ``silu_and_mul``, the
+  tensor-core ``moe_grouped_gemm`` (WMMA, FP32 accumulation) for gate_up, ``silu_and_mul`` (or
+  ``gelu_tanh_and_mul``), the
   grouped GEMM for down with the routing weight applied, and ``moe_sum`` over each token's k rows.
   Every used expert's weights are read once per block of ``block_size`` pairs.
 
@@ -30,6 +31,8 @@ DECODE_MAX_TOKENS = 8  # default: the gemv path up to here (each pair re-reads i
 PATHS = ("gemv", "gemm")
 BLOCK_SIZES = (16, 32, 64)
 ROWS_PER_BLOCK = (0, 2, 4, 8)
+# HF hidden_act -> the activation the kernels apply (SiLU, or GELU's tanh approximation).
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
 def default_config(tokens: int, num_experts: int, top_k: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -63,8 +66,8 @@ def unsupported_reason(w13: torch.Tensor, w2: torch.Tensor, top_k: int, hidden_a
         return "the weights are not on a CUDA device"
     if not ops.has_cuda_kernel("moe_gemv_silu_and_mul"):
         return "this build has no CUDA mixture-of-experts kernels"
-    if hidden_act not in ("silu", "swish"):
-        return f"hidden_act {hidden_act!r} (the fused kernels apply SiLU)"
+    if hidden_act not in ACTIVATIONS:
+        return f"hidden_act {hidden_act!r} (the fused kernels apply one of {sorted(ACTIVATIONS)})"
     if w13.dtype == torch.bfloat16:
         if not ops.cuda_bf16_kernels_built() or torch.cuda.get_device_capability(w13.device) < (8, 0):
             return "bfloat16 kernels need an SM80+ GPU and build"
@@ -82,8 +85,11 @@ def unsupported_reason(w13: torch.Tensor, w2: torch.Tensor, top_k: int, hidden_a
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
-    """sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: [T, H] in x's dtype."""
+                  ids: torch.Tensor, config: dict[str, Any], activation: str = "silu") -> torch.Tensor:
+    """sum_j weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: [T, H] in x's dtype.
+    ``activation``: "silu" or "gelu_tanh" (values of ACTIVATIONS)."""
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
     tokens, top_k = ids.shape
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -93,7 +99,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     if config["path"] == "gemv":
         rows = int(config.get("rows_per_block", 0))
         act = torch.empty(tokens, top_k, inter, dtype=x.dtype, device=x.device)
-        ops.moe_gemv_silu_and_mul(act, x, w13, ids, rows)
+        getattr(ops, f"moe_gemv_{activation}_and_mul")(act, x, w13, ids, rows)
         ops.moe_gemv_down_sum(out, act, w2, ids, weights, rows)
         return out
     block = int(config["block_size"])
@@ -102,7 +108,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     gate_up = torch.empty(pairs, 2 * inter, dtype=x.dtype, device=x.device)
     ops.moe_grouped_gemm(gate_up, x, w13, sorted_ids, experts_ids, total, None, top_k, block)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    ops.silu_and_mul(act, gate_up)
+    getattr(ops, f"{activation}_and_mul")(act, gate_up)
     down = torch.empty(tokens, top_k, x.shape[1], dtype=x.dtype, device=x.device)
     ops.moe_grouped_gemm(down.view(pairs, -1), act, w2, sorted_ids, experts_ids, total, weights, 1, block)
     ops.moe_sum(down, out)

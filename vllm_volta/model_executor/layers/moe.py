@@ -7,11 +7,12 @@ down(act(gate(x)) * up(x)). The experts' weights are stacked: ``w13`` [E, 2I, H]
 then up rows) and ``w2`` [E, H, I]; with tensor parallelism each rank holds a slice of every
 expert's intermediate size and the partial outputs are summed across ranks.
 
-On a GPU with the mixture-of-experts kernels (SiLU experts, float16 / float32, bfloat16 on SM80+)
+On a GPU with the mixture-of-experts kernels (SiLU or GELU-tanh experts, float16 / float32,
+bfloat16 on SM80+)
 the routing (``topk_softmax``) and the experts (fused_moe.py: decode GEMVs over the chosen
 experts' rows, or a tensor-core grouped GEMM over expert-sorted tokens) run on the device with
 no host sync and shapes fixed by the token count, so MoE models run in CUDA graphs. Elsewhere
-(CPU, other activations) the tokens are grouped by expert on the host (a device-to-host copy of
+(CPU, exact GELU) the tokens are grouped by expert on the host (a device-to-host copy of
 the routing each layer) and each used expert runs two GEMMs on its tokens.
 """
 
@@ -56,6 +57,7 @@ class MoE(nn.Module):
         self.hidden_act = hidden_act
         self.act_fn = get_act_and_mul_fn(hidden_act)
         self._kernel_device: str | None = None  # the device name tuned configs are looked up for
+        self._device_path: tuple = (None, None)  # (weights' device and dtype, device_path_reason)
         # Gemma 4: each expert's routing weight is multiplied by a learned scale (after renormalize).
         self.per_expert_scale = (nn.Parameter(torch.ones(num_experts, dtype=dtype), requires_grad=False)
                                  if per_expert_scale else None)
@@ -77,8 +79,13 @@ class MoE(nn.Module):
         return ids, weights
 
     def device_path_reason(self) -> str | None:
-        """Why the experts cannot run on the device path (fused_moe.py), or None if they can."""
-        return fused_moe.unsupported_reason(self.w13, self.w2, self.top_k, self.hidden_act)
+        """Why the experts cannot run on the device path (fused_moe.py), or None if they can
+        (decided once per weight device and dtype: forward asks every call)."""
+        key = (self.w13.device, self.w13.dtype, self.w13.is_contiguous(), self.w2.is_contiguous())
+        if self._device_path[0] != key:
+            self._device_path = (key, fused_moe.unsupported_reason(self.w13, self.w2, self.top_k,
+                                                                   self.hidden_act))
+        return self._device_path[1]
 
     def _kernel_config(self, tokens: int, dtype: torch.dtype) -> dict:
         """The tuned launch parameters for this token count (fused_moe.py), else the defaults."""
@@ -99,10 +106,11 @@ class MoE(nn.Module):
             # cuBLAS per expert below (a host sync), faster than a GEMV per (token, expert) pair.
             if x.dtype != torch.float32 or x.shape[0] <= fused_moe.DECODE_MAX_TOKENS or \
                     torch.cuda.is_current_stream_capturing():
-                info_once(logger, "MoE experts on the device (%s): gemv path up to %d tokens, else "
-                          "%s", str(x.dtype).removeprefix("torch."), fused_moe.DECODE_MAX_TOKENS,
-                          "grouped GEMM" if x.dtype != torch.float32 else "cuBLAS per expert")
-                out = fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config)
+                info_once(logger, "MoE experts on the device (%s, %s): decode GEMVs or a grouped GEMM by "
+                          "token count (fused_moe kernel configs, else GEMVs up to %d tokens)",
+                          str(x.dtype).removeprefix("torch."), self.hidden_act, fused_moe.DECODE_MAX_TOKENS)
+                out = fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config,
+                                              fused_moe.ACTIVATIONS[self.hidden_act])
                 return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
         return self._forward_host_grouped(x, ids, weights.to(x.dtype))
 
