@@ -12,7 +12,7 @@ import pytest
 
 from test_v100.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL_NAME, SERVER_ARGS
 from test_v100.entrypoints.openai.fault_utils import raw_post
-from test_v100.entrypoints.openai.utils import RemoteServer
+from test_v100.entrypoints.openai.utils import RemoteServer, metric
 
 KEY = "sk-limits"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -143,3 +143,22 @@ def test_any_text_is_200_or_400_naming_the_field(limited_server, name, text, sta
         assert resp.status_code == status, (path, body, resp.text)
         if status == 400:
             assert resp.json()["error"]["param"] == param, resp.json()
+
+
+def test_plain_request_dropped_by_its_client(limited_server):
+    """A non-streaming client that leaves is aborted quietly: its blocks come back, and the
+    log holds no traceback (collect_final once read the result of a cancelled task)."""
+    body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": MAX_MODEL_LEN - 8,
+            "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(limited_server.url + "/v1/completions", json=body, headers=AUTH, timeout=0.3)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        page = httpx.get(limited_server.url + "/metrics", headers=AUTH, timeout=10).text
+        if metric(page, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.2)
+    assert metric(page, "vllm:num_kv_cache_blocks_free") == metric(
+        page, "vllm:num_kv_cache_blocks_total")
+    log = limited_server.log(tail=10**6)
+    assert "InvalidStateError" not in log and "Traceback" not in log, log[-3000:]
