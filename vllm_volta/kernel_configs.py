@@ -10,6 +10,11 @@ Files are searched in VLLM_VOLTA_KERNEL_CONFIG_DIR (user-tuned, wins) and then i
 folder ``vllm_volta/kernel_configs/``. The entry for the nearest batch size is used (the smaller
 one on a tie). With no matching file the caller's default is returned and one warning names the
 file that was looked for. Tuners (benchmarks/kernels/) write files with ``write_kernel_config``.
+
+The W8A8 block-FP8 GEMM keeps vLLM's own file names and launch-param keys
+(``N=..,K=..,device_name=..,dtype=fp8_w8a8,block_shape=[..].json``, see the section at the end) so
+that files tuned by vLLM's script work unchanged; they are also searched in vLLM's
+VLLM_TUNED_CONFIG_FOLDER.
 """
 
 from __future__ import annotations
@@ -123,7 +128,13 @@ def _search_dirs(user_dir: str | None) -> list[Path]:
 
 @lru_cache(maxsize=None)
 def _find_table(file_name: str, user_dir: str | None) -> _ConfigTable | None:
-    for folder in _search_dirs(user_dir):
+    return _find_in_dirs(file_name, tuple(_search_dirs(user_dir)))
+
+
+@lru_cache(maxsize=None)
+def _find_in_dirs(file_name: str, dirs: tuple[Path, ...]) -> _ConfigTable | None:
+    """The first folder's file of that name, parsed; None when no folder has it."""
+    for folder in dirs:
         path = folder / file_name
         if path.is_file():
             try:
@@ -215,7 +226,11 @@ def write_kernel_config(
     entries = _validated_entries(configs, f"configs for {file_name}")
     if directory is None:
         directory = envs.get(_USER_DIR_VAR) or SHIPPED_CONFIG_DIR
-    folder = Path(directory)
+    return _write_table(Path(directory), file_name, entries)
+
+
+def _write_table(folder: Path, file_name: str, entries: list[tuple[int, dict[str, Any]]]) -> Path:
+    """Atomic write (temporary file + rename) of a validated table; clears the lookup cache."""
     folder.mkdir(parents=True, exist_ok=True)
     text = json.dumps({str(size): params for size, params in entries}, indent=4) + "\n"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
@@ -237,3 +252,99 @@ def clear_kernel_config_cache() -> None:
     """Forget parsed files (call after editing config files by hand)."""
     _cached_lookup.cache_clear()
     _find_table.cache_clear()
+    _find_in_dirs.cache_clear()
+    _w8a8_lookup.cache_clear()
+
+
+# --- vLLM's W8A8 block-FP8 GEMM configs, under vLLM's own file names ------------------------------
+# ``N={N},K={K},device_name={name},dtype=fp8_w8a8,block_shape=[{bn},{bk}].json`` as written by
+# vLLM's benchmark_w8a8_block_fp8.py (and ours): batch size -> Triton launch params. Folders:
+# VLLM_VOLTA_KERNEL_CONFIG_DIR, then vLLM's VLLM_TUNED_CONFIG_FOLDER, then the shipped folder, so a
+# file tuned by vLLM drops in unchanged.
+
+W8A8_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+_VLLM_USER_DIR_VAR = "VLLM_TUNED_CONFIG_FOLDER"
+
+
+def w8a8_block_fp8_file_name(n: int, k: int, block_shape: tuple[int, int] | list[int], *,
+                             device_name: str) -> str:
+    """vLLM's file name for the W8A8 block-FP8 GEMM of weight [N, K] with ``block_shape`` [bn, bk]."""
+    for field, value in (("N", n), ("K", k), ("block_n", block_shape[0]), ("block_k", block_shape[1])):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{field} must be a positive integer; got {value!r}")
+    return (f"N={n},K={k},device_name={normalize_device_name(device_name)},"
+            f"dtype=fp8_w8a8,block_shape=[{block_shape[0]},{block_shape[1]}].json")
+
+
+def default_w8a8_block_fp8_config(block_shape: tuple[int, int] | list[int]) -> dict[str, int]:
+    """The launch params used without a tuned file (vLLM's default for this kernel)."""
+    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_shape[0], "BLOCK_SIZE_K": block_shape[1],
+            "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 2}
+
+
+def _w8a8_dirs(ours: str | None, vllms: str | None) -> tuple[Path, ...]:
+    return tuple(Path(d) for d in (ours, vllms) if d) + (SHIPPED_CONFIG_DIR,)
+
+
+def _check_w8a8_table(table: _ConfigTable, block_k: int) -> None:
+    for size, cfg in zip(table.batch_sizes, table.configs):
+        missing = [key for key in W8A8_CONFIG_KEYS if key not in cfg]
+        bad = [key for key in W8A8_CONFIG_KEYS if key in cfg and
+               (not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1)]
+        if missing or bad:
+            raise ValueError(f"kernel config {table.path}, batch size {size}: needs positive integers "
+                             f"{', '.join(W8A8_CONFIG_KEYS)}; missing {missing}, invalid {bad}")
+        if block_k % cfg["BLOCK_SIZE_K"]:
+            raise ValueError(f"kernel config {table.path}, batch size {size}: BLOCK_SIZE_K="
+                             f"{cfg['BLOCK_SIZE_K']} must divide the quantization block's {block_k}")
+
+
+@lru_cache(maxsize=1024)
+def _w8a8_lookup(n: int, k: int, block_shape: tuple[int, int], device_name: str,
+                 ours_text: str | None, vllms_text: str | None) -> _ConfigTable | None:
+    file_name = w8a8_block_fp8_file_name(n, k, block_shape, device_name=device_name)
+    dirs = _w8a8_dirs(envs.ENV_VARS[_USER_DIR_VAR].parse(ours_text),
+                      envs.ENV_VARS[_VLLM_USER_DIR_VAR].parse(vllms_text))
+    table = _find_in_dirs(file_name, dirs)
+    if table is None:
+        warning_once(logger, "Using default W8A8 Block FP8 kernel config. Performance might be "
+                     "sub-optimal! Config file not found at %s (searched %s; "
+                     "benchmarks/kernels/benchmark_w8a8_block_fp8.py --tune writes one)",
+                     file_name, ", ".join(str(d) for d in dirs))
+        return None
+    _check_w8a8_table(table, block_shape[1])
+    return table
+
+
+def get_w8a8_block_fp8_configs(n: int, k: int, block_shape: tuple[int, int] | list[int], *,
+                               device_name: str | None = None) -> dict[int, dict[str, Any]] | None:
+    """The tuned table {batch size: launch params} for weight [N, K], or None (one warning)."""
+    table = _w8a8_lookup(n, k, tuple(block_shape), normalize_device_name(device_name or _default_device_name()),
+                         envs.raw(_USER_DIR_VAR), envs.raw(_VLLM_USER_DIR_VAR))
+    if table is None:
+        return None
+    return {size: dict(cfg) for size, cfg in zip(table.batch_sizes, table.configs)}
+
+
+def get_w8a8_block_fp8_config(m: int, n: int, k: int, block_shape: tuple[int, int] | list[int], *,
+                              device_name: str | None = None) -> dict[str, Any]:
+    """Launch params for M rows: the tuned entry of the nearest batch size (the smaller on a tie),
+    else the default config."""
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        raise ValueError(f"M (batch rows) must be a positive integer; got {m!r}")
+    table = _w8a8_lookup(n, k, tuple(block_shape), normalize_device_name(device_name or _default_device_name()),
+                         envs.raw(_USER_DIR_VAR), envs.raw(_VLLM_USER_DIR_VAR))
+    return dict(default_w8a8_block_fp8_config(block_shape) if table is None else table.nearest(m))
+
+
+def write_w8a8_block_fp8_configs(configs: Mapping[int, Mapping[str, Any]], n: int, k: int,
+                                 block_shape: tuple[int, int] | list[int], *, device_name: str | None = None,
+                                 directory: str | os.PathLike[str] | None = None) -> Path:
+    """Write a tuned table under vLLM's file name (atomic) and return its path. ``directory``
+    defaults to VLLM_VOLTA_KERNEL_CONFIG_DIR, then VLLM_TUNED_CONFIG_FOLDER, then the shipped folder."""
+    file_name = w8a8_block_fp8_file_name(n, k, block_shape, device_name=device_name or _default_device_name())
+    entries = _validated_entries(configs, f"configs for {file_name}")
+    table = _ConfigTable(Path(file_name), tuple(s for s, _ in entries), tuple(c for _, c in entries))
+    _check_w8a8_table(table, block_shape[1])
+    folder = directory or envs.get(_USER_DIR_VAR) or envs.get(_VLLM_USER_DIR_VAR) or SHIPPED_CONFIG_DIR
+    return _write_table(Path(folder), file_name, entries)
