@@ -260,3 +260,30 @@ def test_expert_gemv_and_gemm_bad_input_is_a_clear_error():
         torch.ops._C.moe_grouped_gemm(**{**gemm, "input": _meta((2, 64), f32)})
     with pytest.raises(RuntimeError, match=re.escape("moe_grouped_gemm: 'out' must be [4, 32]")):
         torch.ops._C.moe_grouped_gemm(**{**gemm, "out": _meta((2, 32))})
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_ops_opcheck(device):
+    e, hidden, inter, k, tokens = 8, 64, 32, 2, 5
+    w13, w2 = _experts(e, hidden, inter, torch.float16, device)
+    ids, w = _routing(tokens, e, k, device)
+    x = torch.randn(tokens, hidden, device=device).half()
+    logits = torch.randn(tokens, e, device=device)
+    topk_out = (torch.empty(tokens, k, device=device), torch.empty(tokens, k, dtype=torch.int32, device=device),
+                torch.empty(tokens, k, dtype=torch.int32, device=device))
+    torch.library.opcheck(torch.ops._C.topk_softmax.default, (*topk_out, logits))
+    torch.library.opcheck(torch.ops._C.topk_sigmoid.default, (*topk_out, logits))
+    act = torch.empty(tokens, k, inter, dtype=torch.float16, device=device)
+    torch.library.opcheck(torch.ops._C.moe_gemv_silu_and_mul.default, (act, x, w13, ids, 0))
+    torch.library.opcheck(torch.ops._C.moe_gemv_gelu_tanh_and_mul.default, (act, x, w13, ids, 0))
+    out = torch.empty(tokens, hidden, dtype=torch.float16, device=device)
+    torch.library.opcheck(torch.ops._C.moe_gemv_down_sum.default, (out, act, w2, ids, w, 0))
+    torch.library.opcheck(torch.ops._C.moe_sum.default, (torch.randn(tokens, k, hidden, device=device).half(), out))
+    sorted_ids, experts_ids, total = _align(ids, e, 16)
+    # The order within an expert may differ between calls: only the schema and the Meta kernel.
+    torch.library.opcheck(torch.ops._C.moe_align_block_size.default,
+                          (ids, e, 16, sorted_ids.clone(), experts_ids.clone(), total.clone()),
+                          test_utils=("test_schema", "test_faketensor"))
+    gate_up = torch.empty(tokens * k, 2 * inter, dtype=torch.float16, device=device)
+    torch.library.opcheck(torch.ops._C.moe_grouped_gemm.default,
+                          (gate_up, x, w13, sorted_ids, experts_ids, total, None, k, 16))
