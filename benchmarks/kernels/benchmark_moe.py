@@ -157,9 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.tune:
         from vllm_volta.kernel_configs import write_kernel_config
         path = write_kernel_config("fused_moe", tuned, device_name=torch.cuda.get_device_name(device),
-                                   directory=args.output_dir, num_experts=args.num_experts, top_k=args.top_k,
-                                   hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                                   dtype=dtype)
+                                   directory=args.output_dir, **moe.kernel_config_shape(dtype))
         result["config_file"] = str(path)
     return result
 

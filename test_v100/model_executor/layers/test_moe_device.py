@@ -141,3 +141,25 @@ def test_exact_gelu_keeps_the_host_path():
     moe = MoE(4, 2, 64, 32, True, hidden_act="gelu").half().cuda()
     assert "hidden_act" in moe.device_path_reason()
     assert not supports_cuda_graphs(torch.nn.Sequential(moe))
+
+
+def test_tuned_config_file_is_what_the_layer_reads(tmp_path, monkeypatch):
+    from vllm_volta.kernel_configs import clear_kernel_config_cache, write_kernel_config
+    monkeypatch.setenv("VLLM_VOLTA_KERNEL_CONFIG_DIR", str(tmp_path))
+    moe = MoE(16, 4, 64, 32, True)
+    moe._kernel_device = "Test GPU 80GB"  # as torch.cuda.get_device_name would name it
+    # What benchmark_moe.py --tune writes: the layer's shape keys, batch size -> launch params.
+    write_kernel_config("fused_moe", {1: {"path": "gemv", "rows_per_block": 2},
+                                      64: {"path": "gemm", "block_size": 64}},
+                        device_name="Test GPU 80GB", **moe.kernel_config_shape(torch.float16))
+    try:
+        assert moe._kernel_config(2, torch.float16) == {"path": "gemv", "rows_per_block": 2}
+        assert moe._kernel_config(100, torch.float16) == {"path": "gemm", "block_size": 64}
+        # No file for float32: the defaults.
+        assert moe._kernel_config(100, torch.float32) == fused_moe.default_config(100, 16, 4, torch.float32)
+        write_kernel_config("fused_moe", {1: {"path": "gemm", "block_size": 48}}, device_name="Test GPU 80GB",
+                            **moe.kernel_config_shape(torch.float16))
+        with pytest.raises(ValueError, match=r"'block_size' must be one of \(16, 32, 64\), got 48"):
+            moe._kernel_config(1, torch.float16)
+    finally:
+        clear_kernel_config_cache()

@@ -87,6 +87,11 @@ class MoE(nn.Module):
                                                                    self.hidden_act))
         return self._device_path[1]
 
+    def kernel_config_shape(self, dtype: torch.dtype) -> dict:
+        """The shape keys of this layer's ``fused_moe`` kernel config file (kernel_configs.py)."""
+        return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.w13.shape[2],
+                    intermediate_size=self.intermediate, dtype=dtype)
+
     def _kernel_config(self, tokens: int, dtype: torch.dtype) -> dict:
         """The tuned launch parameters for this token count (fused_moe.py), else the defaults."""
         from vllm_volta.kernel_configs import get_kernel_config
@@ -94,8 +99,7 @@ class MoE(nn.Module):
             self._kernel_device = torch.cuda.get_device_name(self.w13.device)
         default = fused_moe.default_config(tokens, self.num_experts, self.top_k, dtype)
         config = get_kernel_config("fused_moe", tokens, default=default, device_name=self._kernel_device,
-                                   num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.w13.shape[2],
-                                   intermediate_size=self.intermediate, dtype=dtype)
+                                   **self.kernel_config_shape(dtype))
         return fused_moe.check_config(config, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
