@@ -89,11 +89,14 @@ def _reference(moe, x):
     """float64, routed from the layer's own ids (near-ties in the router may differ by dtype)."""
     ids, weights = moe.route(x)
     inter = moe.intermediate
-    h = torch.einsum("th,tkih->tki", x.double(), moe.w13[ids.long()].double())
-    gate = F.silu(h[..., :inter]) if moe.hidden_act == "silu" else F.gelu(h[..., :inter], approximate="tanh")
-    act = gate * h[..., inter:]
-    y = torch.einsum("tki,tkhi->tkh", act, moe.w2[ids.long()].double())
-    return (y * weights.double()[..., None]).sum(1)
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in ids.unique().tolist():  # per expert: no [T, k, N, K] gather of the weights
+        t, j = (ids == e).nonzero(as_tuple=True)
+        h = x[t].double() @ moe.w13[e].double().t()
+        gate = F.silu(h[:, :inter]) if moe.hidden_act == "silu" else F.gelu(h[:, :inter], approximate="tanh")
+        y = (gate * h[:, inter:]) @ moe.w2[e].double().t()
+        out.index_add_(0, t, y * weights[t, j].double()[:, None])
+    return out
 
 
 @requires_gpu
