@@ -14,6 +14,7 @@ import venv
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 _SKIP_COPY = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
@@ -47,7 +48,7 @@ def pip_install(python: Path, src: Path, *extra: str, path_prefix: Path | None =
                 own_pip: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith("VLLM_VOLTA_")}
-    env["MAX_JOBS"] = "2"
+    env["MAX_JOBS"] = str(os.cpu_count() or 1)
     if path_prefix is not None:
         env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
     # The venv's own pip, the venv not activated; or this pip installing into it (--python).
@@ -57,13 +58,17 @@ def pip_install(python: Path, src: Path, *extra: str, path_prefix: Path | None =
 
 
 @pytest.fixture(scope="module")
-def cpu_venv(tmp_path_factory):
-    """A venv that sees this interpreter's CPU torch (--system-site-packages)."""
-    if not subprocess.run([sys.executable, "-c", "import torch; assert torch.version.cuda is None"]
-                          ).returncode == 0:
-        pytest.skip("needs a CPU-only torch in this interpreter")
+def venv_with_this_torch(tmp_path_factory):
+    """A venv that sees this interpreter's torch (--system-site-packages), and a source copy."""
     tmp = tmp_path_factory.mktemp("install")
     return tmp, make_venv(tmp / "venv", system_site_packages=True), copy_source(tmp / "src")
+
+
+@pytest.fixture
+def cpu_venv(venv_with_this_torch):
+    if torch.version.cuda is not None:
+        pytest.skip("needs a CPU-only torch in this interpreter")
+    return venv_with_this_torch
 
 
 def loaded_extension(python: Path, src: Path) -> str:
@@ -106,3 +111,16 @@ def test_isolated_install_without_torch_stops_before_compiling(tmp_path):
     assert "has none: install torch first" in log and "--no-build-isolation -e ." in log
     assert not (src / "build" / "cmake" / "CMakeCache.txt").exists()  # nothing configured
     assert not (src / "vllm_volta" / "_C.abi3.so").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA torch")
+def test_isolated_install_with_a_cuda_torch_builds_a_loading_cuda_extension(venv_with_this_torch):
+    """On a GPU machine: plain `pip install -e .` (isolation on) builds CUDA kernels against the
+    installed CUDA torch, for the GPU present, and the extension loads."""
+    tmp, python, src = venv_with_this_torch
+    proc = pip_install(python, src)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert f"has CUDA {torch.version.cuda}: building CUDA kernels with nvcc" in log
+    assert loaded_extension(python, src) == f"{src / 'vllm_volta' / '_C.abi3.so'} 1 True"
