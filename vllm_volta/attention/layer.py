@@ -37,7 +37,9 @@ class Attention(nn.Module):
     ``forward(q [T, H*D], k [T, KH*D], v [T, KH*D], kv_cache, attn_metadata) -> [T, H*D]``.
     The backend class (chosen by the platform) provides the attention math; this layer owns the
     cache write so every backend sees the same cache contents. ``sliding_window`` and
-    ``logits_soft_cap``: see AttentionImplBase (the cache still holds every token).
+    ``logits_soft_cap``: see AttentionImplBase. ``kv_cache_group``: the KV-cache group of the
+    layer's cache (core/kv_cache_groups.py; set by the model runner): the layer reads that group's
+    block table and slot mapping (``AttentionMetadata.for_group``).
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
@@ -64,6 +66,7 @@ class Attention(nn.Module):
         # Set only while piecewise CUDA graphs are captured (worker/piecewise_graph.py): called
         # instead of this layer, it cuts the capture at the attention.
         self.capture_hook: Callable[..., torch.Tensor] | None = None
+        self.kv_cache_group = 0
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
@@ -74,6 +77,8 @@ class Attention(nn.Module):
         (decode_gemv.rope_cache_linear); only the attention itself is left."""
         if self.capture_hook is not None:
             return self.capture_hook(self, query, key, value, kv_cache, rope, kv_cached)
+        if self.kv_cache_group:
+            attn_metadata = attn_metadata.for_group(self.kv_cache_group)
         if kv_cached:
             return self.impl.forward(query, key, value, kv_cache, attn_metadata)
         slot_mapping = attn_metadata.slot_mapping

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vllm_volta.config import SchedulerConfig
+from vllm_volta.core.grouped_kv_cache_manager import GroupedKVCacheManager
+from vllm_volta.core.kv_cache_groups import KVCacheLayout
 from vllm_volta.core.kv_cache_manager import KVCacheManager
 from vllm_volta.core.request import Request, RequestStatus
 from vllm_volta.logger import init_logger
@@ -38,6 +40,9 @@ class ScheduledRequest:
     token_ids: list[int]
     # The request's recurrent-state slot (hybrid models), -1 when the model keeps none.
     state_slot: int = -1
+    # Models with several KV-cache groups (core/kv_cache_groups.py): every group's block table
+    # (block_ids is group 0's); None with one group.
+    group_block_ids: tuple[list[int], ...] | None = None
 
     @property
     def req_id(self) -> str:
@@ -45,7 +50,8 @@ class ScheduledRequest:
 
     @classmethod
     def make(cls, request: Request, num_new_tokens: int, num_computed_tokens: int,
-             block_ids: list[int], state_slot: int = -1) -> ScheduledRequest:
+             block_ids: list[int], state_slot: int = -1,
+             group_block_ids: tuple[list[int], ...] | None = None) -> ScheduledRequest:
         # Plain attribute reads and positional arguments: the scheduler calls this once per
         # request per step.
         end = num_computed_tokens + num_new_tokens
@@ -54,7 +60,7 @@ class ScheduledRequest:
         if len(tokens) < num_new_tokens:
             tokens += [PENDING_TOKEN] * (num_new_tokens - len(tokens))
         return cls(request, num_new_tokens, num_computed_tokens, block_ids,
-                   end == len(known) + request.num_pending, tokens, state_slot)
+                   end == len(known) + request.num_pending, tokens, state_slot, group_block_ids)
 
 
 PENDING_TOKEN = -1  # token ids are validated non-negative
@@ -113,11 +119,27 @@ class Scheduler:
     """Decides each step's batch; owns the request queues and the KV cache manager."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, num_state_slots: int = 0) -> None:
+                 enable_prefix_caching: bool, num_state_slots: int = 0,
+                 kv_cache_layout: KVCacheLayout | None = None) -> None:
+        """``kv_cache_layout``: the model's KV-cache groups; None reads the one the worker put on
+        ``config`` when it sized the cache (``kv_cache_layout``), else one table of
+        ``block_size``."""
         self.config = config
         self.max_model_len = config.max_model_len
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching,
-                                               num_state_slots)
+        layout = kv_cache_layout or getattr(config, "kv_cache_layout", None)
+        self.kv_cache_manager: KVCacheManager
+        if layout is not None and (layout.num_groups > 1 or layout.frees_blocks):
+            if enable_prefix_caching:
+                logger.info("Prefix caching off: %d KV-cache groups, sliding-window blocks returned "
+                            "to the pool (a hit would need the freed window)", layout.num_groups)
+            self.kv_cache_manager = GroupedKVCacheManager(num_blocks, layout, num_state_slots,
+                                                          config.max_num_batched_tokens)
+        else:
+            if layout is not None:
+                block_size = layout.groups[0].block_size
+            self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching,
+                                                   num_state_slots)
+        self._group_tables = getattr(self.kv_cache_manager, "num_groups", 1) > 1
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -226,7 +248,8 @@ class Scheduler:
         rid = request.request_id
         sched = ScheduledRequest.make(request, num_new, request.num_computed_tokens,
                                       kv.get_block_ids(rid),
-                                      kv.get_state_slot(rid) if kv.has_state_slots else -1)
+                                      kv.get_state_slot(rid) if kv.has_state_slots else -1,
+                                      kv.get_group_block_ids(rid) if self._group_tables else None)
         out.scheduled.append(sched)
         out.total_num_scheduled_tokens += num_new
         request.num_computed_tokens += num_new
@@ -258,12 +281,18 @@ class Scheduler:
         where they were before the step; the caller decides whether to retry or abort them."""
         # A recurrent state the failed step may have half-updated cannot be rolled back: those
         # requests recompute from the start (an empty state), as after a preemption.
-        restart = self.kv_cache_manager.has_state_slots
+        kv = self.kv_cache_manager
+        restart = kv.has_state_slots
+        # A sliding window's blocks may have been returned by a later step already scheduled
+        # (async scheduling): those requests recompute from the start on fresh blocks.
+        frees = isinstance(kv, GroupedKVCacheManager) and kv.layout.frees_blocks
         for sched in out.scheduled:
             request = sched.request
             request.num_pending -= sched.samples
             if request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens = 0 if restart else sched.num_computed_tokens
+                if frees:
+                    kv.free(request)
+                request.num_computed_tokens = 0 if restart or frees else sched.num_computed_tokens
             self.kv_cache_manager.uncache_uncomputed(request, sched.num_computed_tokens)
 
     # ---- results ------------------------------------------------------------

@@ -15,7 +15,9 @@ synchronisation, no shape that depends on tensor values; models with a recurrent
 models) read it from a static per-row slot buffer, padding rows from scratch slot 0. The metadata int baked into the
 graphs, max_seq_len, is min(max_model_len, max_seq_len_to_capture) (kernels size their
 context split by it); steps with a longer context run eagerly. Host-side metadata fields
-(query_start_loc_cpu, seq_lens_cpu) are placeholders in graph mode.
+(query_start_loc_cpu, seq_lens_cpu) are placeholders in graph mode. Models with several KV-cache
+groups (core/kv_cache_groups.py) stage the other groups' block tables and slot mappings too (two
+copies each per step); with one group nothing more runs.
 """
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ class CudaGraphRunner:
         self.max_size = sizes[-1]
         mc = runner.model_config
         self.max_seq_len = min(mc.max_model_len, mc.max_seq_len_to_capture)
-        self.max_blocks = -(-self.max_seq_len // runner.block_size)
+        sizes = [g.block_size for g in runner.kv_cache_layout().groups]
+        self.max_blocks = -(-self.max_seq_len // sizes[0])
         device = runner.device
         n = self.max_size
         # Rows: input ids, positions, slot mapping - one copy from ModelInput.token_table.
@@ -73,6 +76,10 @@ class CudaGraphRunner:
         # 1-token context means they start from an empty state and their output is dropped).
         self.state_slots = (torch.zeros(n, dtype=torch.int32, device=device)
                             if runner.vllm_config.cache_config.num_state_slots else None)
+        # KV-cache groups 1, 2, ...: (block table, slot mapping) each; a padding row: slot -1,
+        # block 0.
+        self.group_buffers = [(torch.zeros(n, -(-self.max_seq_len // bs), dtype=torch.int32, device=device),
+                               torch.full((n,), -1, dtype=torch.int64, device=device)) for bs in sizes[1:]]
         self.graphs: dict[int, torch.cuda.CUDAGraph | DriverGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -99,6 +106,9 @@ class CudaGraphRunner:
             query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
             seq_lens_cpu=torch.ones(size, dtype=torch.int32),
             state_slots=None if self.state_slots is None else self.state_slots[:size],
+            kv_groups=((self.block_table[:size], self.slot_mapping[:size]),) + tuple(
+                (table[:size], slots[:size]) for table, slots in self.group_buffers)
+            if self.group_buffers else None,
         )
 
     @torch.inference_mode()
@@ -127,7 +137,9 @@ class CudaGraphRunner:
         num_seqs = md.num_seqs
         return (md.max_query_len == 1 and md.num_actual_tokens == num_seqs
                 and num_seqs <= self.max_size and md.max_seq_len <= self.max_seq_len
-                and md.block_table.shape[1] <= self.max_blocks)
+                and md.block_table.shape[1] <= self.max_blocks
+                and all(md.kv_groups[g][0].shape[1] <= table.shape[1]
+                        for g, (table, _) in enumerate(self.group_buffers, 1)))
 
     def padded_size(self, num_seqs: int) -> int:
         return next(s for s in self.sizes if s >= num_seqs)
@@ -146,6 +158,10 @@ class CudaGraphRunner:
                                 md.seq_lens, md.block_table, inp.replace_ids)
         if self.state_slots is not None:
             self.state_slots[:num].copy_(md.state_slots, non_blocking=True)
+        for g, (table, slots) in enumerate(self.group_buffers, 1):
+            src_table, src_slots = md.kv_groups[g]
+            table[:num, :src_table.shape[1]].copy_(src_table, non_blocking=True)
+            slots[:num].copy_(src_slots, non_blocking=True)
         stale = min(size, self._num_dirty)
         if stale > num:
             self.token_table[:, num:stale].copy_(self._pad_tokens.expand(3, stale - num))
@@ -153,6 +169,9 @@ class CudaGraphRunner:
             self.block_table[num:stale, 0].zero_()
             if self.state_slots is not None:
                 self.state_slots[num:stale].zero_()
+            for table, slots in self.group_buffers:
+                table[num:stale, 0].zero_()
+                slots[num:stale].fill_(-1)
         # Rows [num, stale) are clean now; rows past `size` keep whatever they held.
         self._num_dirty = self._num_dirty if self._num_dirty > size else num
         return size

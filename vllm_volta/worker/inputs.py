@@ -70,14 +70,19 @@ def padded_logits_rows(n: int) -> int:
 
 def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
                    device: torch.device, block_tables: BlockTableCache | None = None,
-                   copy_stream: torch.cuda.Stream | None = None) -> ModelInput:
+                   copy_stream: torch.cuda.Stream | None = None,
+                   group_block_sizes: Sequence[int] | None = None,
+                   group_tables: Sequence[BlockTableCache] | None = None) -> ModelInput:
     """Lay the step's new tokens out back to back (the AttentionMetadata contract).
 
     Every input goes to the device in one copy (views of one packed buffer): each
     host->device copy costs host time per step and a gap on the device. The copy never waits
     for the device (host_copy.to_device; on `copy_stream` when given, so that it runs while the
     previous step computes). `block_tables` carries the block table from one step to the next
-    (rows whose lists did not change are not rebuilt).
+    (rows whose lists did not change are not rebuilt). With several KV-cache groups
+    (`group_block_sizes`: every group's block size, group 0's being `block_size`), each request's
+    `group_block_ids` give groups 1, 2, ... their own block table and slot mapping
+    (`AttentionMetadata.kv_groups`, one more copy; `group_tables`: their BlockTableCaches).
     """
     num_seqs = len(scheduled)
     num_new = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, num_seqs)
@@ -128,6 +133,10 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
     slot_mapping[:] = (block_table[seq_of_token, positions // block_size].astype(np.int64)
                        * block_size + positions % block_size)
     packed[li_at:li_at + len(sample_rows)] = qsl[1:][sample_rows] - 1
+    kv_groups = None
+    if group_block_sizes is not None and len(group_block_sizes) > 1:
+        kv_groups = _group_tables(scheduled, group_block_sizes, positions, seq_of_token, device,
+                                  group_tables, copy_stream)
 
     dev = to_device(packed, device, copy_stream=copy_stream)
     dev32 = dev[i32_at:].view(torch.int32)[:num32]
@@ -145,6 +154,8 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         seq_lens_cpu=host32[sl_at:sl_at + num_seqs],
         state_slots=dev32[ss_at:ss_at + num_seqs] if has_state else None,
     )
+    if kv_groups is not None:
+        attn_metadata.kv_groups = ((attn_metadata.block_table, attn_metadata.slot_mapping),) + kv_groups
     return ModelInput(
         input_ids=dev_table[0],
         positions=dev_table[1],
@@ -154,3 +165,34 @@ def prepare_inputs(scheduled: Sequence[ScheduledRequest], block_size: int,
         query_start_loc=qsl,
         token_table=dev_table,
     )
+
+
+def _group_tables(scheduled: Sequence[ScheduledRequest], block_sizes: Sequence[int],
+                  positions: np.ndarray, seq_of_token: np.ndarray, device: torch.device,
+                  caches: Sequence[BlockTableCache] | None, copy_stream: torch.cuda.Stream | None
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """(block table [B, max_blocks_g] int32, slot mapping [T] int64) of groups 1, 2, ... on the
+    device: one packed buffer, one copy (int64 slot rows first, then the int32 tables)."""
+    num_seqs, num_tokens = len(scheduled), len(positions)
+    row = _align(num_tokens, 2)
+    groups = range(1, len(block_sizes))
+    lists = [[s.group_block_ids[g] for s in scheduled] for g in groups]
+    lens = [np.fromiter((len(ids) for ids in gl), np.int64, num_seqs) for gl in lists]
+    widths = [max(int(n.max()) if num_seqs else 1, 1) for n in lens]
+    at32, offsets = 0, []
+    for w in widths:
+        offsets.append(at32)
+        at32 += _align(num_seqs * w, 4)
+    i32_at = row * len(widths)
+    packed = np.zeros(i32_at + at32 // 2, np.int64)
+    packed32 = packed[i32_at:].view(np.int32)
+    for k, g in enumerate(groups):
+        table = packed32[offsets[k]:offsets[k] + num_seqs * widths[k]].reshape(num_seqs, widths[k])
+        (caches[k] if caches is not None else BlockTableCache()).fill(lists[k], lens[k], table)
+        bs = block_sizes[g]
+        packed[k * row:k * row + num_tokens] = (table[seq_of_token, positions // bs].astype(np.int64) * bs
+                                                + positions % bs)
+    dev = to_device(packed, device, copy_stream=copy_stream)
+    dev32 = dev[i32_at:].view(torch.int32)
+    return tuple((dev32[offsets[k]:offsets[k] + num_seqs * widths[k]].view(num_seqs, widths[k]),
+                  dev[k * row:k * row + num_tokens]) for k in range(len(widths)))

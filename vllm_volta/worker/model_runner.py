@@ -7,8 +7,9 @@ import numpy as np
 import torch
 
 from vllm_volta.config import VllmConfig
-from vllm_volta.core.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, allocate_caches, block_bytes,
-                                           has_recurrent_state, state_slot_bytes)
+from vllm_volta.core.kv_cache_groups import KVCacheLayout, allocate_group_caches
+from vllm_volta.core.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, has_recurrent_state,
+                                           state_slot_bytes)
 from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, SchedulerOutput
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import init_logger
@@ -23,6 +24,7 @@ from vllm_volta.structured_output import fill_bitmask
 from vllm_volta.worker.block_table import BlockTableCache
 from vllm_volta.worker.cudagraph_metrics import CudagraphMetrics
 from vllm_volta.worker.inputs import ModelInput, prepare_inputs
+from vllm_volta.worker.kv_groups import plan_model_groups
 from vllm_volta.worker.pinned_ids import PinnedIdsPool
 
 logger = init_logger(__name__)
@@ -105,6 +107,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.sampling_cache = SamplingMetadataCache()
         self._block_tables = BlockTableCache()
+        self._kv_layout: KVCacheLayout | None = None  # kv_cache_layout(), once the model is loaded
+        self._group_block_sizes: list[int] | None = None  # several groups: each one's block size
+        self._group_tables: list[BlockTableCache] = []
         # Set by the worker when CUDA graphs are captured: pure decode steps, and the pieces
         # around attention for the other steps.
         self.graph_runner = None
@@ -143,9 +148,24 @@ class ModelRunner:
         kv_heads = max(mc.get_num_kv_heads() // get_tensor_model_parallel_world_size(), 1)
         return [FullAttentionSpec(kv_heads, mc.get_head_size(), self.dtype)] * mc.get_num_layers()
 
+    def kv_cache_layout(self) -> KVCacheLayout:
+        """The model's KV-cache groups (core/kv_cache_groups.py), planned once; tells each
+        Attention layer its group (worker/kv_groups.py)."""
+        if self._kv_layout is None:
+            layout = self._kv_layout = plan_model_groups(self.model, self.kv_cache_specs(), self.block_size)
+            if layout.num_groups > 1:
+                self._group_block_sizes = [g.block_size for g in layout.groups]
+                self._group_tables = [BlockTableCache() for _ in layout.groups[1:]]
+        return self._kv_layout
+
+    @property
+    def kv_block_size(self) -> int:
+        """Group 0's block size (the configured one unless its pages were unified)."""
+        return self.kv_cache_layout().groups[0].block_size
+
     def kv_cache_block_bytes(self) -> int:
-        """Bytes one block takes across all layers (keys and values)."""
-        return block_bytes(self.kv_cache_specs(), self.block_size)
+        """Bytes one block id takes across the whole cache (keys and values)."""
+        return self.kv_cache_layout().block_bytes(self.kv_cache_specs())
 
     def state_pool_bytes(self) -> int:
         """Bytes of the recurrent-state pool (hybrid models; 0 otherwise)."""
@@ -155,8 +175,8 @@ class ModelRunner:
     def allocate_kv_caches(self, num_blocks: int, num_state_slots: int | None = None) -> list:
         if num_state_slots is None:
             num_state_slots = self.vllm_config.cache_config.num_state_slots
-        return allocate_caches(self.kv_cache_specs(), num_blocks, self.block_size,
-                               num_state_slots, self.device)
+        return allocate_group_caches(self.kv_cache_specs(), self.kv_cache_layout(), num_blocks,
+                                     num_state_slots, self.device)
 
     def initialize_kv_caches(self, num_blocks: int) -> None:
         self.kv_caches = self.allocate_kv_caches(num_blocks)
@@ -228,8 +248,8 @@ class ModelRunner:
 
     def _prepare_inputs(self, scheduled: list[ScheduledRequest], req_ids: list[str],
                         same_batch: bool) -> ModelInput:
-        inp = prepare_inputs(scheduled, self.block_size, self.device, self._block_tables,
-                             self._input_stream)
+        inp = prepare_inputs(scheduled, self.kv_block_size, self.device, self._block_tables,
+                             self._input_stream, self._group_block_sizes, self._group_tables)
         self._fill_pending_tokens(scheduled, req_ids, same_batch, inp)
         return inp
 
@@ -368,18 +388,23 @@ class ModelRunner:
         num_tokens = sc.max_num_batched_tokens
         seq_len = min(self.model_config.max_model_len, num_tokens)
         num_seqs = -(-num_tokens // seq_len)
-        blocks_per_seq = -(-seq_len // self.block_size)
+        sizes = [g.block_size for g in self.kv_cache_layout().groups]
+        per_seq = [-(-seq_len // bs) for bs in sizes]  # each group's blocks, distinct ids
         hybrid = has_recurrent_state(self.kv_cache_specs())
-        caches = self.allocate_kv_caches(num_seqs * blocks_per_seq + 1, num_seqs + 1 if hybrid else 0)
-        num_computed, num_new, block_ids = [], [], []
+        caches = self.allocate_kv_caches(num_seqs * sum(per_seq) + 1, num_seqs + 1 if hybrid else 0)
+        num_computed, num_new = [], []
+        block_ids: list[list[list[int]]] = [[] for _ in sizes]
+        next_id = 1
         for i in range(num_seqs):
-            n = min(seq_len, num_tokens - i * seq_len)
             num_computed.append(0)
-            num_new.append(n)
-            block_ids.append(list(range(1 + i * blocks_per_seq, 1 + (i + 1) * blocks_per_seq)))
+            num_new.append(min(seq_len, num_tokens - i * seq_len))
+            for g, n in enumerate(per_seq):
+                block_ids[g].append(list(range(next_id, next_id + n)))
+                next_id += n
         from vllm_volta.attention.metadata import build_attn_metadata, compute_positions
-        md = build_attn_metadata(num_computed, num_new, block_ids, self.block_size, self.device,
-                                 state_slots=list(range(1, num_seqs + 1)) if hybrid else None)
+        md = build_attn_metadata(num_computed, num_new, block_ids[0], sizes[0], self.device,
+                                 state_slots=list(range(1, num_seqs + 1)) if hybrid else None,
+                                 other_groups=list(zip(block_ids[1:], sizes[1:])))
         positions = compute_positions(num_computed, num_new).to(self.device)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, positions, caches, md, final_norm=False)

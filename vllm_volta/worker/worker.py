@@ -91,7 +91,8 @@ class Worker:
                 f"Raise gpu_memory_utilization (GPU) or cpu_kvcache_space / "
                 f"VLLM_VOLTA_CPU_KVCACHE_SPACE (CPU), or use a smaller model.")
         sc = self.vllm_config.scheduler_config
-        useful = sc.max_num_seqs * -(-sc.max_model_len // cache_config.block_size) + 1
+        layout = self.model_runner.kv_cache_layout()
+        useful = sc.max_num_seqs * layout.blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens) + 1
         return int(min(num_blocks, useful))
 
     def _min_over_ranks(self, value: int) -> int:
@@ -120,6 +121,8 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
+        # The scheduler (built next, from this config) hands out blocks per KV-cache group.
+        self.vllm_config.scheduler_config.kv_cache_layout = self.model_runner.kv_cache_layout()
         self.model_runner.initialize_kv_caches(num_blocks)
         if self.rank == 0:
             self._log_cache(num_blocks)
@@ -127,19 +130,30 @@ class Worker:
 
     def _log_cache(self, num_blocks: int) -> None:
         mc = self.vllm_config.model_config
-        block_size = self.vllm_config.cache_config.block_size
-        tokens = (num_blocks - 1) * block_size
+        layout = self.model_runner.kv_cache_layout()
+        block_size = layout.groups[0].block_size
+        # Blocks a max_model_len request holds at most in every group (sliding groups: their
+        # window plus a step's tokens).
+        per_request = layout.blocks_per_request(mc.max_model_len,
+                                                self.vllm_config.scheduler_config.max_num_batched_tokens)
+        if layout.num_groups > 1:
+            from vllm_volta.worker.kv_groups import describe
+            blocks = f"{num_blocks} blocks, {describe(layout)}"
+        else:
+            blocks = f"{num_blocks} blocks of {block_size} tokens ({(num_blocks - 1) * block_size} tokens"
+            blocks += ", sliding window)" if layout.frees_blocks else ")"
         tp = f" | tensor parallel {self.world_size}" if self.world_size > 1 else ""
         logger.info(
-            "Model %s | dtype %s | attention backend %s%s | KV cache: %d blocks of %d tokens "
-            "(%d tokens, %.2f GiB per device) | max concurrency for %d-token requests: %.2fx",
+            "Model %s | dtype %s | attention backend %s%s | KV cache: %s, %.2f GiB per device | "
+            "max concurrency for %d-token requests: %.2fx",
             mc.served_model_name, str(mc.dtype).removeprefix("torch."),
-            getattr(self.model_runner.attn_backend, "name", "?"), tp, num_blocks, block_size,
-            tokens, num_blocks * self.model_runner.kv_cache_block_bytes() / 2**30,
-            mc.max_model_len, tokens / mc.max_model_len)
-        if tokens < mc.max_model_len:
-            logger.warning("The KV cache holds %d tokens, less than max_model_len=%d: longer "
-                           "requests will finish with an error", tokens, mc.max_model_len)
+            getattr(self.model_runner.attn_backend, "name", "?"), tp, blocks,
+            num_blocks * self.model_runner.kv_cache_block_bytes() / 2**30,
+            mc.max_model_len, (num_blocks - 1) / per_request)
+        if per_request > num_blocks - 1:
+            logger.warning("A max_model_len=%d request needs %d KV-cache blocks, the cache has %d: "
+                           "longer requests will finish with an error", mc.max_model_len, per_request,
+                           num_blocks - 1)
 
     def _maybe_capture_cuda_graphs(self, max_num_seqs: int) -> None:
         runner = self.model_runner

@@ -19,7 +19,7 @@ from torch import nn
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.models.gemma import GemmaForCausalLM
-from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaMLP
+from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaMLP, SlidingWindowSpecs
 from vllm_volta.model_executor.models.utils import config_head_dim
 
 
@@ -55,8 +55,9 @@ class Gemma2DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual
 
 
-class Gemma2ForCausalLM(GemmaForCausalLM):
-    """Gemma2ForCausalLM; HF weight names are Llama's plus the two feed-forward norms."""
+class Gemma2ForCausalLM(SlidingWindowSpecs, GemmaForCausalLM):
+    """Gemma2ForCausalLM; HF weight names are Llama's plus the two feed-forward norms. Its
+    sliding layers' caches keep only their window (``kv_cache_specs``)."""
 
     decoder_layer_cls = Gemma2DecoderLayer
     # Every n-th layer has full attention, the others a sliding window, where the config has no

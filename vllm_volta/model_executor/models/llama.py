@@ -16,6 +16,7 @@ from torch import nn
 
 from vllm_volta.attention.layer import Attention
 from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.core.kv_cache_spec import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from vllm_volta.model_executor.layers.activation import SiluAndMul, get_act_and_mul_fn
 from vllm_volta.model_executor.layers.decode_gemv import rope_cache_linear, silu_and_mul_linear
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
@@ -89,6 +90,8 @@ class LlamaAttention(nn.Module):
                norm: RMSNorm | None = None) -> torch.Tensor:
         """The attention output, before o_proj (of norm(hidden_states) with `norm`)."""
         proj = self.qkv_proj
+        if self.attn.kv_cache_group:  # the fused cache write below takes this group's slots
+            attn_metadata = attn_metadata.for_group(self.attn.kv_cache_group)
         if not self.qk_norm and proj.quant_method is None:  # decode sizes: projection, RoPE, cache write in one kernel
             qkv = rope_cache_linear(hidden_states, proj.weight, proj.bias, proj.use_gemv, norm, self.rotary_emb,
                                     positions, kv_cache, attn_metadata.slot_mapping)
@@ -251,6 +254,24 @@ class LlamaForCausalLM(nn.Module):
         return load_hf_weights(self, weights, tie_word_embeddings=self.tie_word_embeddings)
 
 
-class MistralForCausalLM(LlamaForCausalLM):
+class SlidingWindowSpecs:
+    """``kv_cache_specs`` for models on LlamaModel whose layers may slide: each layer's cache
+    spec from its Attention (this rank's KV heads), sliding where its window is set, so the
+    blocks that leave the window return to the pool (core/kv_cache_groups.py)."""
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        specs: list[KVCacheSpec] = []
+        for layer in self.model.layers:
+            attn = layer.self_attn.attn
+            window = attn.impl.sliding_window
+            if window:
+                specs.append(SlidingWindowSpec(attn.num_kv_heads, attn.head_size, self.dtype,
+                                               sliding_window=window))
+            else:
+                specs.append(FullAttentionSpec(attn.num_kv_heads, attn.head_size, self.dtype))
+        return specs
+
+
+class MistralForCausalLM(SlidingWindowSpecs, LlamaForCausalLM):
     """Mistral: the Llama architecture, with sliding-window attention where the config sets a
     window (v0.1: 4096)."""

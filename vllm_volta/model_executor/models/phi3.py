@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
-from vllm_volta.model_executor.models.llama import LlamaForCausalLM
+from vllm_volta.model_executor.models.llama import LlamaForCausalLM, SlidingWindowSpecs
 
 
-class Phi3ForCausalLM(LlamaForCausalLM):
+class Phi3ForCausalLM(SlidingWindowSpecs, LlamaForCausalLM):
+    """Phi-3: where the config sets a sliding window, its layers' caches keep only the window."""
+
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None) -> None:
         rope = getattr(hf_config, "rope_parameters", None) or {}
         factor = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None)) or 1.0
