@@ -154,9 +154,9 @@ class ModelConfig:
         found = get_quant_config(self.hf_config)  # ValueError for a method we cannot run
         if self.quantization is None:
             return
-        asked = _QUANTIZATION_ALIASES.get(str(self.quantization).lower())
-        _require(asked is not None, "quantization", f"one of {sorted(_QUANTIZATION_ALIASES)}",
-                 self.quantization)
+        aliases = {**_QUANTIZATION_ALIASES, "fp8": "fp8"}  # FP8 checkpoints (layers/quantization/fp8.py)
+        asked = aliases.get(str(self.quantization).lower())
+        _require(asked is not None, "quantization", f"one of {sorted(aliases)}", self.quantization)
         if self.load_format == "gguf" or str(self.model_path).endswith(".gguf"):
             have = "gguf"
         else:
@@ -352,12 +352,21 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # How ranks are started: "mp" (processes on this node), "ray" (Ray actors, any node of a
+    # Ray cluster), "uni" (this process: one rank only).
+    distributed_executor_backend: str = "mp"
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                      name, "an integer >= 1", value)
+        backend = self.distributed_executor_backend
+        _require(backend in ("mp", "ray", "uni"), "distributed_executor_backend",
+                 "one of mp, ray, uni", backend)
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one rank; "
+                             f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp' or 'ray'")
         if self.pipeline_parallel_size > 1:
             raise ValueError(
                 f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet; "
@@ -403,7 +412,8 @@ class VllmConfig:
         if heads % tp:  # a property of the model: reported first, on any machine
             raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
                              f"{heads} attention heads")
-        if self.device_config.device == "cuda" and tp > torch.cuda.device_count():
+        if (self.device_config.device == "cuda" and tp > torch.cuda.device_count()
+                and self.parallel_config.distributed_executor_backend != "ray"):  # other nodes
             raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs, but "
                              f"{torch.cuda.device_count()} are visible; allowed range is "
                              f"[1, {torch.cuda.device_count()}]")

@@ -50,6 +50,9 @@ _HELP = {
     "async_scheduling": "schedule the next step while the current one runs on the GPU (hides "
                         "the host's per-step work; outputs come one step later)",
     "tensor_parallel_size": "number of GPUs to split the model over (tensor parallelism)",
+    "distributed_executor_backend": "how tensor-parallel ranks start: mp (processes on this "
+                                    "node, the default) or ray (Ray actors on the nodes of a "
+                                    "Ray cluster; pip install -e \".[ray]\")",
     "cudagraph_mode": "FULL_AND_PIECEWISE (CUDA graphs for decode steps, and graphs of the "
                       "pieces between attention layers for steps of up to 2048 tokens with "
                       "prompts) or FULL_DECODE_ONLY",
@@ -103,13 +106,15 @@ class EngineArgs:
     max_seq_len_to_capture: int = 8192
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
     device: str = "auto"
     disable_log_stats: bool = False
 
     def create_engine_config(self) -> VllmConfig:
         """Validate everything and resolve model/hardware-dependent values."""
         # Cheap checks first: a bad parallel size should not wait for a model download.
-        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size)
+        parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
+                                         self.distributed_executor_backend)
         device_config = DeviceConfig(self.device)
         cache_config = CacheConfig(
             block_size=self.block_size,

@@ -1,7 +1,7 @@
 """Executor: the engine's only handle on the model, wherever (and on how many devices) it runs.
 
-UniProcExecutor (one device, this process) and MultiprocExecutor (tensor parallelism, one
-process per device) implement it; a multi-node executor would too, with no engine change.
+UniProcExecutor (one device, this process), MultiprocExecutor (tensor parallelism, one
+process per device) and RayExecutor (one Ray actor per device, across nodes) implement it.
 """
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ class Executor(ABC):
 
     @staticmethod
     def get_class(vllm_config: VllmConfig) -> type[Executor]:
-        """One device: UniProcExecutor; tensor parallelism: MultiprocExecutor."""
+        """distributed_executor_backend="ray": RayExecutor (Ray actors, any number of nodes);
+        else one device: UniProcExecutor; tensor parallelism: MultiprocExecutor."""
+        if vllm_config.parallel_config.distributed_executor_backend == "ray":
+            from vllm_volta.executor.ray_executor import RayExecutor
+            return RayExecutor
         if vllm_config.parallel_config.world_size > 1:
             from vllm_volta.executor.multiproc import MultiprocExecutor
             return MultiprocExecutor

@@ -30,7 +30,6 @@ _NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str, tuple[str, ...] | None]] 
     "--runner": ({"type": str}, "every model generates and embeds (/v1/embeddings)", ("auto", "generate", "pooling")),
     "--attention-backend": ({"type": str}, "the attention backend is chosen per GPU (VOLTA_PAGED on CUDA); "
                                            "VLLM_VOLTA_ATTENTION_BACKEND forces one", None),
-    "--distributed-executor-backend": ({"type": str}, "tensor-parallel workers are processes (mp)", ("mp", "uni")),
     "--kv-cache-dtype": ({"type": str}, "the KV cache holds the model dtype", ("auto",)),
     "--tokenizer-mode": ({"type": str}, "tokenizers load through transformers", ("auto", "hf")),
 }

@@ -1,0 +1,211 @@
+"""RayExecutor: tensor parallelism over Ray actors.
+
+The Ray runs happen in a child process inside a network namespace of its own (`unshare -n`,
+loopback only), so Ray's nodes, the gloo rendezvous and every rank bind 127.0.0.1 and never the
+machine's interfaces. The child writes what it saw as JSON; this process checks it against
+transformers and the 1-rank engine.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_model_dir
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.llm_engine import LLMEngine
+from vllm_volta.executor.ray_utils import NodeInfo, assign_ranks, tcp_init_method
+from vllm_volta.sampling_params import SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def _netns_works() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    try:
+        probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"],
+                               capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+needs_ray = pytest.mark.skipif(
+    not HAS_RAY, reason="ray is not installed (pip install -e '.[ray]'; the [test] extra leaves "
+                        "it out)")
+needs_netns = pytest.mark.skipif(
+    not _netns_works(), reason="needs `unshare -n` and `ip` (root or user namespaces) to run Ray "
+                               "on 127.0.0.1 in a network namespace of its own")
+
+PROMPTS = random_prompts(3, 3, 30, seed=11)
+GREEDY = dict(temperature=0, max_tokens=5, ignore_eos=True)
+SEEDED = dict(temperature=0.8, seed=5, max_tokens=4, ignore_eos=True, logprobs=2)
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str = ""):
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}{i}", prompt, params)
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in engine.step(finished_only=True)})
+    return [final[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+def _summary(outs) -> list[dict]:
+    return [{"tokens": list(o.outputs[0].token_ids),
+             "logprobs": [{str(k): v.logprob for k, v in row.items()}
+                          for row in (o.outputs[0].logprobs or [])]} for o in outs]
+
+
+def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
+    """Runs in the child: a local Ray on 127.0.0.1, a TP=2 engine on it, then a killed rank."""
+    import ray
+
+    from vllm_volta.executor.ray_executor import RayExecutor
+    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False)
+    result: dict = {}
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=model, skip_tokenizer_init=True, tensor_parallel_size=2,
+        distributed_executor_backend="ray", max_num_batched_tokens=32, **engine_kwargs))
+    try:
+        executor = engine.executor
+        result["executor"] = type(executor).__name__
+        actors = list(executor.workers)
+        assert isinstance(executor, RayExecutor)
+        result["rendezvous"] = executor._init_method
+        result["greedy"] = _summary(run(engine, PROMPTS, SamplingParams(**GREEDY), "g"))
+        result["seeded"] = _summary(run(engine, PROMPTS[:2], SamplingParams(**SEEDED), "s"))
+        ray.kill(executor.workers[1], no_restart=True)
+        start = time.monotonic()
+        try:
+            run(engine, PROMPTS[:1], SamplingParams(**GREEDY), "k")
+            result["dead_error"] = None
+        except RuntimeError as e:
+            result["dead_error"] = str(e)
+        result["dead_error_s"] = time.monotonic() - start
+        try:  # the group stays broken: the next step fails at once, naming why
+            run(engine, PROMPTS[:1], SamplingParams(**GREEDY), "k2")
+            result["next_error"] = None
+        except RuntimeError as e:
+            result["next_error"] = str(e)
+    finally:
+        start = time.monotonic()
+        engine.shutdown()
+        result["shutdown_s"] = time.monotonic() - start
+    result["actors_left"] = sum(_answers(ray, actor) for actor in actors)
+    ray.shutdown()
+    Path(out_path).write_text(json.dumps(result))
+
+
+def _answers(ray, actor) -> bool:
+    try:
+        ray.get(actor.node_info.remote(), timeout=10)
+    except ray.exceptions.RayActorError:
+        return False
+    return True
+
+
+def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: float) -> dict:
+    code = ("import json, sys; from test_v100.executor.test_ray_executor import ray_scenario; "
+            "ray_scenario(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_USAGE_STATS_ENABLED": "0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+           sys.executable, "-c", code, str(model), str(out_path), json.dumps(engine_kwargs)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0 or not out_path.exists():
+        pytest.fail(f"Ray child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-6000:]}")
+    return json.loads(out_path.read_text())
+
+
+def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
+    path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
+    seen = _run_in_netns(path, tmp_path / "result.json", engine_kwargs, timeout=240)
+    assert seen["executor"] == "RayExecutor"
+    assert seen["rendezvous"].startswith("tcp://127.0.0.1:")
+    import transformers
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert [s["tokens"] for s in seen["greedy"]] == [hf_greedy(hf_model, p, 5) for p in PROMPTS]
+    single = LLMEngine.from_engine_args(EngineArgs(
+        model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=32, **engine_kwargs))
+    try:
+        one = _summary(run(single, PROMPTS[:2], SamplingParams(**SEEDED)))
+    finally:
+        single.shutdown()
+    for tp2, tp1 in zip(seen["seeded"], one):
+        assert tp2["tokens"] == tp1["tokens"]
+        for a, b in zip(tp2["logprobs"], tp1["logprobs"]):
+            assert a.keys() == b.keys()
+            assert all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
+    # The killed rank is named; the step fails instead of hanging in the collective.
+    assert seen["dead_error"] is not None and "rank 1" in seen["dead_error"]
+    assert "died" in seen["dead_error"]
+    assert seen["dead_error_s"] < 30
+    assert "broken" in seen["next_error"] and "rank(s) [1] died" in seen["next_error"]
+    assert seen["shutdown_s"] < 15  # rank 0, stuck with a dead peer, is killed, not awaited
+    assert seen["actors_left"] == 0
+
+
+@needs_ray
+@needs_netns
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
+def test_ray_tp2_on_cpu(tmp_path_factory, tmp_path):
+    check_ray_tp2(tmp_path_factory, tmp_path, cpu_kvcache_space=0.01, async_scheduling=True)
+
+
+@needs_ray
+@needs_netns
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ray_tp2_on_gpus(tmp_path_factory, tmp_path):
+    check_ray_tp2(tmp_path_factory, tmp_path, dtype="float32", gpu_memory_utilization=0.2,
+                  async_scheduling=True)
+
+
+def test_missing_ray_is_a_clear_error(tmp_path_factory, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    path = tiny_model_dir(tmp_path_factory, "qwen2")
+    with pytest.raises(ImportError, match=r'needs Ray.*pip install -e "\.\[ray\]"'):
+        LLMEngine.from_engine_args(EngineArgs(
+            model=str(path), skip_tokenizer_init=True, tensor_parallel_size=2,
+            distributed_executor_backend="ray", device="cpu"))
+
+
+def test_backend_field_is_validated():
+    from vllm_volta.config import ParallelConfig
+    assert ParallelConfig().distributed_executor_backend == "mp"
+    assert ParallelConfig(2, distributed_executor_backend="ray").world_size == 2
+    with pytest.raises(ValueError, match="distributed_executor_backend must be one of mp, ray, uni"):
+        ParallelConfig(distributed_executor_backend="external_launcher")
+    with pytest.raises(ValueError, match="distributed_executor_backend='uni' runs one rank"):
+        ParallelConfig(2, distributed_executor_backend="uni")
+
+
+def test_ranks_follow_nodes_and_gpus():
+    """Rank 0 on the engine's node, nodes contiguous, GPUs in order; each rank sees the GPUs
+    of its node and picks its own by index."""
+    infos = [NodeInfo("b", "10.0.0.2", ["1"]), NodeInfo("a", "10.0.0.1", ["3"]),
+             NodeInfo("b", "10.0.0.2", ["0"]), NodeInfo("a", "10.0.0.1", ["2"])]
+    placed = assign_ranks(infos, driver_ip="10.0.0.2")
+    assert [(p.rank, p.actor_index, p.node_ip) for p in placed] == [
+        (0, 2, "10.0.0.2"), (1, 0, "10.0.0.2"), (2, 3, "10.0.0.1"), (3, 1, "10.0.0.1")]
+    assert [(p.cuda_visible_devices, p.local_device) for p in placed] == [
+        ("0,1", 0), ("0,1", 1), ("2,3", 0), ("2,3", 1)]
+    cpu = assign_ranks([NodeInfo("n", "127.0.0.1"), NodeInfo("n", "127.0.0.1")], "127.0.0.1")
+    assert [(p.rank, p.cuda_visible_devices, p.local_device) for p in cpu] == [
+        (0, None, 0), (1, None, 0)]
+    assert tcp_init_method("127.0.0.1", 29500) == "tcp://127.0.0.1:29500"
+    assert tcp_init_method("fe80::1", 29500) == "tcp://[fe80::1]:29500"
