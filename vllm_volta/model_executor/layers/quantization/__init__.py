@@ -3,7 +3,8 @@ built while ``quantization(config)`` is active hold that method's tensors instea
 
 Supported: AWQ 4-bit (awq.py), GPTQ 4 / 8-bit with or without activation order (gptq.py) and
 compressed-tensors W4A16 / W8A16 (compressed_tensors.py); 4-bit weights in contiguous groups run
-in AWQ's layout, the others through packed_int.py. The lm_head, embeddings and norms stay dense,
+in AWQ's layout, the others through packed_int.py. FP8 checkpoints (``fp8`` and compressed-tensors float, block /
+channel / tensor scales) keep one-byte weights (fp8_config.py, fp8.py). The lm_head, embeddings and norms stay dense,
 as in the checkpoints.
 """
 
@@ -15,14 +16,15 @@ from typing import Any
 
 from vllm_volta.model_executor.layers.quantization.awq import AWQConfig
 from vllm_volta.model_executor.layers.quantization.compressed_tensors import compressed_tensors_config
+from vllm_volta.model_executor.layers.quantization.fp8_config import Fp8Config, fp8_config, is_fp8_checkpoint
 from vllm_volta.model_executor.layers.quantization.gptq import gptq_config
 from vllm_volta.model_executor.layers.quantization.packed_int import PackedIntConfig
 
-SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors")
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")
 _current: list[AWQConfig | None] = [None]
 
 
-def get_quant_config(hf_config: Any) -> AWQConfig | PackedIntConfig | None:
+def get_quant_config(hf_config: Any) -> AWQConfig | PackedIntConfig | Fp8Config | None:
     """The quantization of a checkpoint's config (its ``quantization_config``), None when dense;
     ValueError naming the method when it is not supported."""
     text_config = getattr(hf_config, "text_config", None)
@@ -31,6 +33,8 @@ def get_quant_config(hf_config: Any) -> AWQConfig | PackedIntConfig | None:
         return None
     qc = qc if isinstance(qc, dict) else qc.to_dict()
     method = str(qc.get("quant_method", "")).lower()
+    if is_fp8_checkpoint(qc):  # fp8, and compressed-tensors with float weights (fp8_config.py)
+        return fp8_config(qc)
     if method == "awq":
         return AWQConfig.from_config(qc)
     if method == "gptq":
