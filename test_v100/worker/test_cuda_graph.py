@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from vllm_volta.core.kv_cache_groups import single_table_layout
 from vllm_volta.core.request import Request
 from vllm_volta.core.scheduler import ScheduledRequest
 from vllm_volta.sampling_params import SamplingParams
@@ -32,6 +33,7 @@ def test_default_capture_sizes():
 def stub_runner(model, caches, device, block_size, max_model_len, max_seq_len_to_capture=8192):
     return SimpleNamespace(
         model=model, kv_caches=caches, device=device, block_size=block_size,
+        kv_cache_layout=lambda: single_table_layout([], block_size),
         model_config=SimpleNamespace(max_model_len=max_model_len,
                                      max_seq_len_to_capture=max_seq_len_to_capture),
         vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(cuda_graph_sizes=None),

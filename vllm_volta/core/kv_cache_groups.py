@@ -18,6 +18,7 @@ shared table (``note`` says why). These are vLLM's hybrid KV-cache allocator's i
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ import torch
 
 from vllm_volta.core.kv_cache_spec import (FullAttentionSpec, KVCacheSpec, MambaSpec, SharedKVSpec,
                                            SlidingWindowSpec, allocate_caches, is_paged)
+
+
+MAX_BLOCK_SIZE = 256  # CacheConfig's bound on block_size
 
 
 def cdiv(a: int, b: int) -> int:
@@ -125,11 +129,17 @@ def plan_kv_cache_groups(specs: Sequence[KVCacheSpec], block_size: int) -> KVCac
         return _one_table(specs, paged, block_size, None)
     if len(kinds) == 1:
         return _one_table(specs, paged, block_size, next(iter(windows)))
-    page = max(block_size * token_bytes for _, token_bytes in kinds)
-    if any(page % token_bytes for _, token_bytes in kinds):
-        sizes = sorted({tb for _, tb in kinds})
+    # The largest kind's page at block_size; where that is not a whole multiple of block_size
+    # tokens of another kind, block_size x the least common multiple (block sizes stay multiples
+    # of block_size, the decode kernel's fast path).
+    token_sizes = sorted({tb for _, tb in kinds})
+    page = block_size * token_sizes[-1]
+    if any(token_sizes[-1] % tb for tb in token_sizes):
+        page = block_size * math.lcm(*token_sizes)
+    if page // token_sizes[0] > MAX_BLOCK_SIZE:
         return _one_table(specs, paged, block_size, None,
-                          f"per-token cache sizes {sizes} bytes do not divide one page of {page} bytes")
+                          f"per-token cache sizes {token_sizes} bytes need pages of {page} bytes, "
+                          f"blocks of {page // token_sizes[0]} tokens (at most {MAX_BLOCK_SIZE})")
     group_size = min(len(layers) for layers in kinds.values())
     groups, group_of = [], {}
     # Full kinds first: group 0 is then a full table where the model has one.
