@@ -42,11 +42,13 @@ def test_vllm_only_flags_are_accepted_and_logged(capsys):
     logged = capsys.readouterr().out
     assert "--disable-custom-all-reduce: no effect here" in logged and "--attention-backend TRITON_ATTN" in logged
     assert build_engine_args(args).model == "m"
-    for flag, value in (("--kv-cache-dtype", "fp8"), ("--distributed-executor-backend", "ray"),
-                        ("--runner", "draft"), ("--tokenizer-mode", "mistral")):
+    for flag, value in (("--kv-cache-dtype", "fp8"), ("--runner", "draft"), ("--tokenizer-mode", "mistral")):
         with pytest.raises(ValueError, match=f"{flag} '{value}' is not supported; supported: "):
             check_vllm_flags(parse_args(["serve", "m", flag, value]))
     check_vllm_flags(parse_args(["serve", "m"]))  # none given: nothing to say
+    # --distributed-executor-backend is an engine flag (mp or ray), no longer a no-op.
+    ray_args = parse_args(["serve", "m", "--distributed-executor-backend", "ray"])
+    assert build_engine_args(ray_args).distributed_executor_backend == "ray"
 
 
 def test_model_is_optional_and_flag_form_agrees():
