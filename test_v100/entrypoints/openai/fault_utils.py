@@ -34,13 +34,15 @@ class StreamResult:
 
 
 def stream_in_thread(url: str, body: dict, first_event: threading.Event | None = None,
-                     headers: dict | None = None) -> tuple[threading.Thread, StreamResult]:
-    """POST a streaming completion in a thread; ``first_event`` is set at its first event."""
+                     headers: dict | None = None, path: str = "/v1/completions",
+                     ) -> tuple[threading.Thread, StreamResult]:
+    """POST a streaming request in a thread; ``first_event`` is set at its first event (a
+    chat stream's first event, the role, comes before the request is scheduled)."""
     result = StreamResult()
 
     def run() -> None:
         try:
-            with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
+            with httpx.stream("POST", url + path, json={**body, "stream": True},
                               headers=headers, timeout=60) as resp:
                 result.status = resp.status_code
                 for line in resp.iter_lines():

@@ -26,12 +26,13 @@ def test_sigterm_ends_streams_cleanly(tiny_model, kind):
             "--max-num-seqs", "2", "--shutdown-timeout", str(TIMEOUT_S), kind]
     server = RemoteServer(args)
     try:
-        body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": MAX_LEN - 8,
-                "ignore_eos": True}
-        started = threading.Event()
-        streams = [stream_in_thread(server.url, body, started if i == 0 else None)
-                   for i in range(8)]
-        assert started.wait(60)
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": MAX_LEN - 32, "ignore_eos": True}
+        started = [threading.Event() for _ in range(8)]
+        streams = [stream_in_thread(server.url, body, ev, path="/v1/chat/completions")
+                   for ev in started]
+        for ev in started:  # every stream is open (a chat stream sends its role at once)
+            assert ev.wait(60)
         server.proc.send_signal(signal.SIGTERM)
         sent_at = time.monotonic()
         time.sleep(0.3)
