@@ -162,3 +162,17 @@ def test_plain_request_dropped_by_its_client(limited_server):
         page, "vllm:num_kv_cache_blocks_total")
     log = limited_server.log(tail=10**6)
     assert "InvalidStateError" not in log and "Traceback" not in log, log[-3000:]
+
+
+RAW_BODIES = [("invalid UTF-8", b'{"prompt": "\xff\xfe abc"}'),
+              ("deep JSON", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}"),
+              ("truncated JSON", b'{"prompt": "abc'), ("not an object", b'"abc"')]
+
+
+@pytest.mark.parametrize("name,raw", RAW_BODIES, ids=[c[0] for c in RAW_BODIES])
+def test_malformed_bodies_are_400(limited_server, name, raw):
+    for path in ("/v1/completions", "/tokenize"):
+        resp = httpx.post(limited_server.url + path, content=raw, timeout=30,
+                          headers={**AUTH, "content-type": "application/json"})
+        assert resp.status_code == 400, (path, resp.text)
+        assert resp.json()["error"]["code"] == 400
