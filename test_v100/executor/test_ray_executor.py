@@ -21,6 +21,7 @@ import torch
 
 from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_model_dir
 from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.engine_errors import is_fatal
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.executor.ray_utils import NodeInfo, assign_ranks, tcp_init_method
 from vllm_volta.sampling_params import SamplingParams
@@ -85,6 +86,14 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
         result["rendezvous"] = executor._init_method
         result["greedy"] = _summary(run(engine, PROMPTS, SamplingParams(**GREEDY), "g"))
         result["seeded"] = _summary(run(engine, PROMPTS[:2], SamplingParams(**SEEDED), "s"))
+        # Only the driver fails (bad input) and rank 1 finishes: its own error, group intact.
+        from vllm_volta.core.scheduler import SchedulerOutput
+        refs = executor._submit("execute_model", [("not a schedule",), (SchedulerOutput(),)])
+        try:
+            executor._gather(refs, "execute_model")
+        except Exception as e:
+            result["driver_error"] = f"{type(e).__name__}: {e}"
+        result["after_driver_error"] = _summary(run(engine, PROMPTS[:1], SamplingParams(**GREEDY), "d"))
         ray.kill(executor.workers[1], no_restart=True)
         start = time.monotonic()
         try:
@@ -155,6 +164,9 @@ def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
     assert "died" in seen["dead_error"]
     assert seen["dead_error_s"] < 30
     assert "broken" in seen["next_error"] and "rank(s) [1] died" in seen["next_error"]
+    assert is_fatal(RuntimeError(seen["dead_error"])) and is_fatal(RuntimeError(seen["next_error"]))
+    assert seen["driver_error"].startswith("AttributeError: ")
+    assert seen["after_driver_error"][0]["tokens"] == seen["greedy"][0]["tokens"]
     assert seen["shutdown_s"] < 15  # rank 0, stuck with a dead peer, is killed, not awaited
     assert seen["actors_left"] == 0
 

@@ -135,8 +135,8 @@ class RayExecutor(Executor):
         if not self.workers:
             raise RuntimeError("the engine has been shut down; build a new one")
         if self._broken is not None:
-            raise RuntimeError(f"tensor-parallel group is broken ({self._broken}); "
-                               f"build a new engine")
+            raise RuntimeError(f"tensor-parallel worker failure: the group is broken "
+                               f"({self._broken}); build a new engine")
         return [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank_args)]
 
     def _gather(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
@@ -157,31 +157,36 @@ class RayExecutor(Executor):
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
                 # A dead peer also breaks the others' collective: give their errors a moment
                 # to arrive, so the message names the rank that died, not only its victims.
-                more, _ = ray.wait(pending, num_returns=len(pending), timeout=_FAILURE_GRACE_S)
-                raise self._failure([ready[0], *more], rank_of, method) from None
+                more, rest = ray.wait(pending, num_returns=len(pending), timeout=_FAILURE_GRACE_S)
+                raise self._failure([ready[0], *more], not rest, rank_of, method) from None
         return results
 
-    def _failure(self, refs: list[Any], rank_of: dict[Any, int], method: str) -> RuntimeError:
-        """One error naming every failed rank, the dead ones first; marks the group broken."""
+    def _failure(self, refs: list[Any], all_answered: bool, rank_of: dict[Any, int],
+                 method: str) -> BaseException:
+        """The error for a failed call. The driver's own exception, as is, when only it failed
+        and every other rank finished the step (the group is intact, as when a MultiprocExecutor
+        driver raises); else one error naming every failed rank, the dead ones first, and the
+        group is marked broken (the engine treats it as fatal)."""
         ray = self._ray
         dead: dict[int, str] = {}
-        failed: dict[int, str] = {}
+        failed: dict[int, BaseException] = {}
         for ref in refs:
             r = rank_of[ref]
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                dead[r] = (f"tensor-parallel worker rank {r} (Ray actor on {self._ranks_ips[r]}) "
-                           f"died during {method}: {type(e).__name__} {first_line}")
+                dead[r] = (f"rank {r} (Ray actor on {self._ranks_ips[r]}) died during {method}: "
+                           f"{type(e).__name__} {first_line}")
             except ray.exceptions.RayTaskError as e:
-                cause = e.cause if e.cause is not None else e
-                failed[r] = (f"tensor-parallel worker rank {r}: {method} failed: "
-                             f"{type(cause).__name__}: {cause}")
+                failed[r] = e.cause if e.cause is not None else e
+        if not dead and list(failed) == [0] and all_answered and method == "execute_model":
+            return failed[0]
         self._broken = (f"rank(s) {sorted(dead)} died" if dead
                         else f"rank(s) {sorted(failed)} failed")
-        return RuntimeError("; ".join([dead[r] for r in sorted(dead)]
-                                      + [failed[r] for r in sorted(failed)]))
+        parts = [dead[r] for r in sorted(dead)] + [
+            f"rank {r}: {method} failed: {type(e).__name__}: {e}" for r, e in sorted(failed.items())]
+        return RuntimeError("tensor-parallel worker failure: " + "; ".join(parts))
 
     def _run_all(self, method: str, per_rank_args: list[tuple] | None = None,
                  timeout: float | None = None) -> list[Any]:
