@@ -214,3 +214,50 @@ def test_model_on_the_w8a8_path(tmp_path, monkeypatch):
         got = PagedRunner(model, device="cuda").step({"x": tokens})["x"]
         rel = ((got - want).norm() / want.norm()).item()
         assert rel < limit, (cap, rel)
+
+
+def test_tuner_search_space_and_shapes(tmp_path):
+    """benchmarks/kernels/benchmark_w8a8_block_fp8.py: vLLM's search space (BLOCK_SIZE_K dividing
+    the scale block), per-rank shapes of a decoder, and its argument checks."""
+    from benchmarks.kernels import benchmark_w8a8_block_fp8 as tuner
+
+    full = tuner.search_space(128)
+    assert len(full) == 4 * 5 * 2 * 4 * 2 * 4 and all(set(c) == set(tuner.SEARCH_SPACE) for c in full)
+    assert len({tuple(sorted(c.items())) for c in full}) == len(full)
+    assert all(c["BLOCK_SIZE_K"] == 64 for c in tuner.search_space(64))
+    qwen3_8b = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "intermediate_size": 12288}
+    assert tuner.model_shapes(qwen3_8b, 2) == [(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144)]
+    assert tuner.model_shapes(qwen3_8b, 16)[0] == (32 * 128 // 16 + 2 * 128, 4096)  # a kv head per rank
+    (tmp_path / "config.json").write_text(json.dumps(qwen3_8b))
+    args = tuner.parse_args(["--model-config", str(tmp_path), "-tp", "2", "--batch-size", "16"])
+    assert args.shapes[0] == (3072, 4096) and args.batch_sizes == [16] and not args.tune
+    assert tuner.parse_args(["--shapes", "256,512", "7,9"]).shapes == [(256, 512), (7, 9)]
+    assert tuner.parse_args(["--shapes", "1,1"]).batch_sizes == list(tuner.BATCH_SIZES)
+    for bad in (["--shapes", "256"], [], ["--shapes", "1,1", "--model-config", "x"], ["--shapes", "0,4"],
+                ["--shapes", "1,1", "--tp-size", "0"]):
+        with pytest.raises(SystemExit):
+            tuner.parse_args(bad)
+    with pytest.raises(ValueError, match="--tp-size 3 must divide the model's num_attention_heads 32"):
+        tuner.model_shapes(qwen3_8b, 3)
+
+
+@pytest.mark.gpu
+@needs_sm89
+def test_tuner_writes_a_file_the_lookup_uses(tmp_path, monkeypatch):
+    """--tune --search small on one shape: the vLLM-named file it writes is the one looked up."""
+    from benchmarks.kernels import benchmark_w8a8_block_fp8 as tuner
+    from vllm_volta import kernel_configs as kc
+
+    result = tuner.main(["--tune", "--search", "small", "--shapes", "256,512", "--batch-sizes", "1", "48",
+                         "--save-path", str(tmp_path)])
+    name = kc.w8a8_block_fp8_file_name(256, 512, [128, 128], device_name=torch.cuda.get_device_name())
+    assert result["config_files"] == [str(tmp_path / name)]
+    table = json.loads((tmp_path / name).read_text())
+    assert list(table) == ["1", "48"]
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    kc.clear_kernel_config_cache()
+    assert kc.get_w8a8_block_fp8_config(40, 256, 512, [128, 128]) == table["48"]
+    timed = tuner.main(["--shapes", "256,512", "--batch-sizes", "2"])
+    assert timed["results"][0]["config"] == table["1"] and timed["results"][0]["us"] > 0
+    kc.clear_kernel_config_cache()
