@@ -1,0 +1,140 @@
+"""Sliding-window models on KV-cache groups: greedy tokens against transformers with prompts and
+outputs well past the window, blocks really returned, chunked prefill, preemption, and prefix
+caching switched off."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_v100.engine.test_llm_engine import make_engine, run, tokens
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, save_tiny_model
+from vllm_volta.core.grouped_kv_cache_manager import GroupedKVCacheManager
+from vllm_volta.sampling_params import SamplingParams
+
+WINDOW = 8
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+# Gemma 3 with two sliding layers to one full one (groups: full, sliding, sliding); Mistral and
+# Phi-3 with a window in every layer (one sliding group).
+ARCHS = {
+    "gemma2": dict(sliding_window=WINDOW),
+    "gemma3": dict(sliding_window=WINDOW, num_hidden_layers=3,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "mistral": dict(sliding_window=WINDOW),
+    "phi3": dict(sliding_window=WINDOW),
+}
+
+
+def _save(path, arch: str, seed: int):
+    if arch != "phi3":
+        return save_tiny_model(path, arch, seed=seed, **ARCHS[arch])
+    import transformers
+    torch.manual_seed(seed)
+    cfg = transformers.Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                  initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                  tie_word_embeddings=False, **ARCHS[arch])
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = {}
+    for seed, arch in enumerate(ARCHS):
+        path = tmp_path_factory.mktemp(f"sw_{arch}")
+        out[arch] = (path, _save(path, arch, seed))
+    return out
+
+
+def _prompts():
+    return random_prompts(3, 25, 45, seed=4)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_past_the_window_matches_transformers(models, arch):
+    """Blocks of 4 under a window of 8; a 16-token budget chunks the prompts past the window."""
+    path, hf_model = models[arch]
+    engine = make_engine(path, block_size=4, max_num_batched_tokens=16)
+    kv = engine.scheduler.kv_cache_manager
+    assert isinstance(kv, GroupedKVCacheManager) and kv.layout.frees_blocks
+    expected_groups = {"gemma2": 2, "gemma3": 3}.get(arch, 1)
+    assert kv.num_groups == expected_groups
+    prompts = _prompts()
+    outs = run(engine, prompts, PARAMS)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 24)
+    assert kv.get_num_free_blocks() == kv.num_usable_blocks
+
+
+def test_sliding_groups_return_their_blocks_while_running(models):
+    path, hf_model = models["gemma3"]
+    engine = make_engine(path, block_size=4)
+    kv = engine.scheduler.kv_cache_manager
+    prompt = random_prompts(1, 40, 40, seed=9)[0]
+    engine.add_request("long", prompt, PARAMS)
+    free_before = kv.get_num_free_blocks()
+    out = None
+    while engine.has_unfinished_requests():
+        held = kv.num_held_blocks("long")
+        tables = kv.get_group_block_ids("long")
+        for out in engine.step():
+            pass
+    # Before the last step (63 tokens computed): the full group holds all 16 blocks, each
+    # sliding group only the blocks of its window (tokens 56..63: 2, or 3 across a boundary).
+    full, *sliding = tables
+    assert len(full) == 16 and 0 not in full
+    for ids in sliding:
+        assert len(ids) == 16 and ids[:13] == [0] * 13 and 0 not in ids[14:]
+    assert held <= 16 + 2 * 3 < 3 * 16
+    assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 24)
+    assert kv.get_num_free_blocks() == free_before
+
+
+def test_preemption_with_groups_gives_the_same_tokens(models):
+    path, _ = models["gemma2"]
+    prompts = random_prompts(6, 10, 30, seed=7)
+    reference = tokens(run(make_engine(path, block_size=4), prompts, PARAMS))
+    # 30 usable blocks: a request of 54 tokens holds 14 in the full group and up to 4 in the
+    # sliding one, so six of them preempt each other.
+    engine = make_engine(path, block_size=4, num_gpu_blocks_override=31, max_num_batched_tokens=32)
+    outs = run(engine, prompts, PARAMS)
+    assert engine.get_stats().num_preemptions_total > 0
+    assert tokens(outs) == reference
+    assert engine.get_stats().num_free_blocks == 30
+
+
+def test_prefix_caching_is_off_and_a_repeat_gives_the_same_tokens(models):
+    path, hf_model = models["gemma3"]
+    engine = make_engine(path, block_size=4, enable_prefix_caching=True)
+    assert not engine.scheduler.kv_cache_manager.enable_caching
+    prompt = random_prompts(1, 33, 33, seed=11)[0]
+    first = run(engine, [prompt], PARAMS)
+    second = run(engine, [prompt, prompt], PARAMS)
+    assert tokens(first) * 2 == tokens(second) == [hf_greedy(hf_model, prompt, 24)] * 2
+    assert engine.get_stats().prefix_cache_hits_total == 0
+    assert [o.num_cached_tokens for o in second] == [0, 0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_gemma3_groups_on_cuda_graphs_match_transformers(tmp_path, async_scheduling):
+    """VOLTA_PAGED (heads of 64) in float32 with full and piecewise CUDA graphs: each group's
+    tables and slots staged into the graphs' buffers; tokens equal transformers' and eager's."""
+    from vllm_volta import LLM
+    hf_model = save_tiny_model(tmp_path, "gemma3", hidden_size=256, intermediate_size=512, head_dim=64,
+                               query_pre_attn_scalar=64, sliding_window=16, num_hidden_layers=3,
+                               layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    prompts = random_prompts(8, 20, 90, seed=2)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    common = dict(skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.3, max_num_seqs=8,
+                  max_num_batched_tokens=64, async_scheduling=async_scheduling)
+    llm = LLM(str(tmp_path), **common)
+    runner = llm.llm_engine.executor.worker.model_runner
+    assert runner.attn_backend.name == "VOLTA_PAGED" and runner.kv_cache_layout().num_groups == 3
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert runner.graph_runner.num_replays > 0
+    del llm
+    eager = LLM(str(tmp_path), enforce_eager=True, **common).generate(prompts, params, use_tqdm=False)
+    assert out == [o.outputs[0].token_ids for o in eager]
+    assert out == [hf_greedy(hf_model, p, 40) for p in prompts]
