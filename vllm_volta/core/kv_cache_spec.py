@@ -8,7 +8,10 @@ need per request:
 
 - FullAttentionSpec / SlidingWindowSpec: paged keys and values, ``[2, num_blocks, block_size,
   num_kv_heads, head_size]``, addressed through the request's block table. Layers of different
-  head sizes or KV-head counts each get their own shape; all of them share one block table.
+  head sizes or KV-head counts each get their own shape. Where some layers slide, the layers
+  form KV-cache groups (core/kv_cache_groups.py), each with its own block table and block size,
+  and a sliding group returns the blocks that leave its window; otherwise every layer shares
+  one block table.
 - SharedKVSpec: the layer reads another layer's cache and writes none (the entry IS that
   layer's tensor).
 - MambaSpec: a recurrent state per running request (Gated DeltaNet's conv and SSM states): one
