@@ -225,12 +225,14 @@ def test_fused_layer_cannot_mix_dense_and_fp8():
 
 
 @pytest.fixture(scope="module", params=["fp8-block-ignore", "fp8-block-64-bf16", "fp8-tensor-static",
-                                        "ct-channel-ignore", "ct-block", "ct-w8a16-channel"])
+                                        "ct-channel-ignore", "ct-block", "ct-w8a16-channel", "qwen3-fp8-block"])
 def models(request, tmp_path_factory):
-    name = request.param.removesuffix("-ignore")
+    name = request.param.removesuffix("-ignore").removeprefix("qwen3-")
     scheme = Fp8Scheme(**{**vars(SCHEMES[name]), "ignore": IGNORED if request.param.endswith("-ignore") else ()})
     folder = tmp_path_factory.mktemp(request.param)
-    hf = save_random_hf_model(transformers.LlamaConfig(**TINY), folder / "dense")
+    config = (transformers.Qwen3Config(**TINY, head_dim=16) if request.param.startswith("qwen3")
+              else transformers.LlamaConfig(**TINY))
+    hf = save_random_hf_model(config, folder / "dense")
     quantize_hf_model(hf, folder, scheme)
     return hf, load_ours(folder)
 
@@ -247,3 +249,57 @@ def test_model_keeps_fp8_weights(models, request):
     assert all(params[n].dtype == torch.float32 for n in dense)
     assert not any(n.startswith(d + "_scale") or n == d.removesuffix("weight") + "input_scale"
                    for d in dense for n in params)  # ignored layers: no scales left
+
+
+def test_static_input_scale_is_the_fused_maximum():
+    """A fused layer keeps one input_scale: the largest of its projections' (they share the input)."""
+    scheme = SCHEMES["fp8-tensor-static"]
+    with quantization(config_of(scheme)):
+        qkv = QKVParallelLinear(64, 16, 4, 2)
+    gen = torch.Generator().manual_seed(0)
+    for i, shard in enumerate("qkv"):
+        qt = scheme.quantize(torch.randn(64 if shard == "q" else 32, 64, generator=gen))
+        for name, tensor in scheme.tensors(qt, [0.03, 0.07, 0.05][i]).items():
+            getattr(qkv, name).weight_loader(getattr(qkv, name), tensor, shard)
+    assert qkv.input_scale.item() == pytest.approx(0.07)
+
+
+def test_load_log_names_the_path(tmp_path, caplog):
+    """The load log says which path the FP8 layers take and why (here: the CPU)."""
+    import logging
+
+    from vllm_volta.logger import ROOT_LOGGER_NAME, reset_log_once
+
+    reset_log_once()
+    root = logging.getLogger(ROOT_LOGGER_NAME)
+    root.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger=ROOT_LOGGER_NAME)
+    try:
+        hf = save_random_hf_model(transformers.LlamaConfig(**TINY), tmp_path / "dense")
+        quantize_hf_model(hf, tmp_path, SCHEMES["fp8-block"])
+        load_ours(tmp_path)
+    finally:
+        root.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if "FP8 linear layers" in r.getMessage()]
+    assert len(lines) == 1
+    assert "block 32x32" in lines[0] and "weight-only FP8: dequantized to float32 each call" in lines[0]
+    assert "needs a CUDA GPU (here cpu)" in lines[0]
+
+
+@pytest.mark.parametrize("name", ["fp8-block", "ct-channel"])
+def test_engine_greedy_matches_transformers(tmp_path, name):
+    """The engine (float32 on the CPU, chunked prefill next to decodes, --quantization checked)
+    generates transformers' greedy tokens of the dequantized weights."""
+    from test_v100.worker.tiny_models import hf_greedy, random_prompts
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    scheme = Fp8Scheme(**{**vars(SCHEMES[name]), "ignore": ("model.layers.1.mlp.down_proj",)})
+    hf = save_random_hf_model(transformers.LlamaConfig(**{**TINY, "vocab_size": 384}), tmp_path / "dense")
+    quantize_hf_model(hf, tmp_path, scheme)
+    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", cpu_kvcache_space=0.01,
+              max_num_batched_tokens=16, quantization=scheme.method)
+    prompts = random_prompts(3, 5, 40, seed=2)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
