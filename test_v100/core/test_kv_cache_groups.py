@@ -49,6 +49,11 @@ def test_one_kind_keeps_one_table_and_full_models_keep_today_s_layout():
     assert layout.num_groups == 1 and not layout.frees_blocks and layout.page_bytes == 0
     sliding = plan_kv_cache_groups([SlidingWindowSpec(2, 16, F16, sliding_window=32)] * 4, 16)
     assert sliding.num_groups == 1 and sliding.frees_blocks and sliding.groups[0].block_size == 16
+    # A window as long as any context frees nothing: one full table (prefix caching stays).
+    specs = [SlidingWindowSpec(2, 16, F16, sliding_window=32), full]
+    assert plan_kv_cache_groups(specs, 16, max_model_len=33).num_groups == 2
+    wide = plan_kv_cache_groups(specs, 16, max_model_len=32)
+    assert wide.num_groups == 1 and not wide.frees_blocks and wide.groups[0].layers == (0, 1)
 
 
 def test_pages_of_unrelated_sizes_meet_at_their_least_common_multiple():

@@ -95,8 +95,13 @@ def _check_shared(specs: Sequence[KVCacheSpec]) -> None:
                              f"got {spec.source}")
 
 
-def _window(spec: FullAttentionSpec) -> int | None:
-    return spec.sliding_window if isinstance(spec, SlidingWindowSpec) and spec.sliding_window > 0 else None
+def _window(spec: FullAttentionSpec, max_model_len: int | None) -> int | None:
+    """The layer's window, None where it has none or it spans every context (nothing to free)."""
+    if not isinstance(spec, SlidingWindowSpec) or spec.sliding_window <= 0:
+        return None
+    if max_model_len is not None and spec.sliding_window >= max_model_len:
+        return None
+    return spec.sliding_window
 
 
 def _one_table(specs: Sequence[KVCacheSpec], paged: list[int], block_size: int, window: int | None,
@@ -116,14 +121,16 @@ def single_table_layout(specs: Sequence[KVCacheSpec], block_size: int, note: str
     return _one_table(specs, [i for i, s in enumerate(specs) if is_paged(s)], block_size, None, note)
 
 
-def plan_kv_cache_groups(specs: Sequence[KVCacheSpec], block_size: int) -> KVCacheLayout:
+def plan_kv_cache_groups(specs: Sequence[KVCacheSpec], block_size: int,
+                         max_model_len: int | None = None) -> KVCacheLayout:
     """Group the paged layers of ``specs`` (block_size: the configured tokens per block, the
-    block size of the kind with the largest pages)."""
+    block size of the kind with the largest pages). Windows of ``max_model_len`` tokens or more
+    count as full attention: they never free a block, and one table keeps prefix caching."""
     _check_shared(specs)
     paged = [i for i, s in enumerate(specs) if is_paged(s)]
     kinds: dict[tuple[int | None, int], list[int]] = {}
     for i in paged:
-        kinds.setdefault((_window(specs[i]), specs[i].page_bytes(1)), []).append(i)
+        kinds.setdefault((_window(specs[i], max_model_len), specs[i].page_bytes(1)), []).append(i)
     windows = {w for w, _ in kinds}
     if windows <= {None}:  # nothing slides: one table, every layer its own shape
         return _one_table(specs, paged, block_size, None)

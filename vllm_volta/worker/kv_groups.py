@@ -42,9 +42,10 @@ def describe(layout: KVCacheLayout) -> str:
     return f"{layout.num_groups} group(s): " + ", ".join(parts)
 
 
-def plan_model_groups(model: nn.Module, specs: Sequence[KVCacheSpec], block_size: int) -> KVCacheLayout:
+def plan_model_groups(model: nn.Module, specs: Sequence[KVCacheSpec], block_size: int,
+                      max_model_len: int | None = None) -> KVCacheLayout:
     """Plan the groups of ``specs`` and set every Attention layer's ``kv_cache_group``."""
-    layout = plan_kv_cache_groups(specs, block_size)
+    layout = plan_kv_cache_groups(specs, block_size, max_model_len)
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if layout.num_groups > 1 and (why := _mismatch(layers, specs)) is not None:
         layout = single_table_layout(specs, block_size, f"layers not matched to caches: {why}")

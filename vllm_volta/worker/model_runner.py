@@ -152,7 +152,8 @@ class ModelRunner:
         """The model's KV-cache groups (core/kv_cache_groups.py), planned once; tells each
         Attention layer its group (worker/kv_groups.py)."""
         if self._kv_layout is None:
-            layout = self._kv_layout = plan_model_groups(self.model, self.kv_cache_specs(), self.block_size)
+            layout = self._kv_layout = plan_model_groups(self.model, self.kv_cache_specs(), self.block_size,
+                                                         self.model_config.max_model_len)
             if layout.num_groups > 1:
                 self._group_block_sizes = [g.block_size for g in layout.groups]
                 self._group_tables = [BlockTableCache() for _ in layout.groups[1:]]
