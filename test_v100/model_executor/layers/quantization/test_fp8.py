@@ -81,7 +81,12 @@ def test_refusals_name_the_field():
              "supported: tensor, channel, block")
     _refused(ct, lambda qc: _ct_weights(qc).update(strategy="block"), r"block_structure: must be two positive ints")
     _refused(ct, lambda qc: _ct_weights(qc).update(symmetric=False), r"weights: FP8 weights must be symmetric")
-    _refused(ct, lambda qc: qc.update(format="pack-quantized"), r"format: 'pack-quantized' is not supported for FP8")
+    # float weights in another format: compressed_tensors.py's refusal
+    _refused(Fp8Scheme(CT, "channel", acts=None), lambda qc: qc.update(format="pack-quantized"),
+             r"weights.type: 'float' is not supported")
+    _refused(ct, lambda qc: qc["config_groups"].update(
+        group_1={**qc["config_groups"]["group_0"], "format": "int-quantized"}),
+        r"group_1.format: 'int-quantized' is not supported for FP8")
     _refused(ct, lambda qc: qc.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), r"kv_cache_scheme")
     _refused(ct, lambda qc: qc["config_groups"]["group_0"].update(
         input_activations={"num_bits": 8, "type": "int", "dynamic": True}), r"input_activations: type 'int'")

@@ -25,6 +25,7 @@ import torch
 
 _FIELD = "quantization_config"
 _STRATEGIES = ("tensor", "channel", "block")
+_CT_FORMATS = ("float-quantized", "naive-quantized")
 
 
 def _fail(field: str, message: str) -> ValueError:
@@ -73,8 +74,9 @@ def is_fp8_checkpoint(qc: dict[str, Any]) -> bool:
         return True
     if method != "compressed-tensors" or not isinstance(qc.get("config_groups"), dict):
         return False
+    # float weights in a float format; anything else is compressed_tensors.py's to accept or refuse
     return any(isinstance(g, dict) and isinstance(g.get("weights"), dict) and g["weights"].get("type") == "float"
-               for g in qc["config_groups"].values())
+               and (g.get("format") or qc.get("format")) in _CT_FORMATS for g in qc["config_groups"].values())
 
 
 def _names(value: Any, field: str) -> tuple[str, ...]:
@@ -120,9 +122,9 @@ def _ct_group(name: str, group: dict[str, Any], top_format: Any) -> tuple[str, t
     """(strategy, block shape, activation quantization) of one compressed-tensors config group."""
     where = f"config_groups.{name}"
     fmt = group.get("format") or top_format
-    if fmt not in ("float-quantized", "naive-quantized"):
+    if fmt not in _CT_FORMATS:
         raise _fail(f"{where}.format" if group.get("format") else "format",
-                    f"{fmt!r} is not supported for FP8 weights; supported: float-quantized, naive-quantized")
+                    f"{fmt!r} is not supported for FP8 weights; supported: {', '.join(_CT_FORMATS)}")
     w = group["weights"]
     if w.get("type") != "float" or w.get("num_bits") != 8:
         raise _fail(f"{where}.weights", f"type {w.get('type')!r} / num_bits {w.get('num_bits')!r}: only FP8 "
