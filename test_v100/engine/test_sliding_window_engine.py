@@ -116,6 +116,22 @@ def test_prefix_caching_is_off_and_a_repeat_gives_the_same_tokens(models):
     assert [o.num_cached_tokens for o in second] == [0, 0]
 
 
+def test_cache_sizing_and_profile_step_use_the_groups(models, capsys):
+    """The cache is capped at what max_num_seqs requests of max_model_len can hold at once, counted
+    over the groups (the sliding ones: their window and a step), and the log says so."""
+    path, _ = models["gemma3"]
+    engine = make_engine(path, block_size=4, max_num_seqs=2, max_model_len=256, max_num_batched_tokens=16,
+                         cpu_kvcache_space=1.0)
+    runner = engine.executor.worker.model_runner
+    layout = runner.kv_cache_layout()
+    # Full group: 64 blocks of 4; each sliding group: the window before a 16-token step + 16
+    # tokens, 23 over at most 7 blocks.
+    assert layout.blocks_per_request(256, 16) == 64 + 2 * 7
+    assert engine.scheduler.kv_cache_manager.num_usable_blocks == 2 * 78
+    assert "max concurrency for 256-token requests: 2.00x" in capsys.readouterr().out
+    runner.profile_run()  # every group's table in the worst-case step's metadata
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_gemma3_groups_on_cuda_graphs_match_transformers(tmp_path, async_scheduling):
