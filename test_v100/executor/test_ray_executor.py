@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,11 +70,11 @@ def _summary(outs) -> list[dict]:
 
 
 def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
-    """Runs in the child: a local Ray on 127.0.0.1, a TP=2 engine on it, then a killed rank."""
+    """Runs in the child, next to a Ray head started with `ray start` on 127.0.0.1 (RAY_ADDRESS
+    names it): a TP=2 engine on it, a driver-only error, then a killed rank."""
     import ray
 
     from vllm_volta.executor.ray_executor import RayExecutor
-    ray.init(address="local", num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False)
     result: dict = {}
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, skip_tokenizer_init=True, tensor_parallel_size=2,
@@ -81,8 +82,8 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
     try:
         executor = engine.executor
         result["executor"] = type(executor).__name__
-        actors = list(executor.workers)
         assert isinstance(executor, RayExecutor)
+        total = ray.cluster_resources()  # the engine connected to the running head
         result["rendezvous"] = executor._init_method
         result["greedy"] = _summary(run(engine, PROMPTS, SamplingParams(**GREEDY), "g"))
         result["seeded"] = _summary(run(engine, PROMPTS[:2], SamplingParams(**SEEDED), "s"))
@@ -111,17 +112,18 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
         start = time.monotonic()
         engine.shutdown()
         result["shutdown_s"] = time.monotonic() - start
-    result["actors_left"] = sum(_answers(ray, actor) for actor in actors)
+    result["connection_closed"] = not ray.is_initialized()  # the engine opened it
+    # Actors and placement group gone: the head's resources are all free again.
+    ray.init()
+    deadline, free = time.monotonic() + 20, {}
+    while time.monotonic() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0) == total[k] for k in ("CPU", "GPU") if k in total):
+            break
+        time.sleep(0.5)
+    result["resources_freed"] = all(free.get(k, 0) == total[k] for k in ("CPU", "GPU") if k in total)
     ray.shutdown()
     Path(out_path).write_text(json.dumps(result))
-
-
-def _answers(ray, actor) -> bool:
-    try:
-        ray.get(actor.node_info.remote(), timeout=10)
-    except ray.exceptions.RayActorError:
-        return False
-    return True
 
 
 def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: float) -> dict:
@@ -129,11 +131,22 @@ def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: flo
             "ray_scenario(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "RAY_USAGE_STATS_ENABLED": "0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
-    env.pop("RAY_ADDRESS", None)
-    cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+    # The namespace is the child's own: Ray's default port cannot clash with anything.
+    env["RAY_ADDRESS"] = "127.0.0.1:6379"
+    env["RAY_AUTH_MODE"] = "disabled"  # loopback only, in a namespace of its own
+    ray_cli = f'"{sys.executable}" -m ray.scripts.scripts'
+    script = (f'ip link set lo up && {ray_cli} start --head --node-ip-address=127.0.0.1 '
+              f'--port=6379 --num-cpus=4 --include-dashboard=false --temp-dir="$RAY_TMP" 1>&2 '
+              f'&& "$0" "$@"; rc=$?; {ray_cli} stop --force >/dev/null 2>&1; exit $rc')
+    ray_tmp = tempfile.mkdtemp(prefix="vvray")  # short: Ray's socket paths must stay < 108 chars
+    env["RAY_TMP"] = ray_tmp
+    cmd = ["unshare", "-n", "sh", "-c", script,
            sys.executable, "-c", code, str(model), str(out_path), json.dumps(engine_kwargs)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     if proc.returncode != 0 or not out_path.exists():
         pytest.fail(f"Ray child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                     f"{proc.stderr[-6000:]}")
@@ -168,7 +181,7 @@ def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
     assert seen["driver_error"].startswith("AttributeError: ")
     assert seen["after_driver_error"][0]["tokens"] == seen["greedy"][0]["tokens"]
     assert seen["shutdown_s"] < 15  # rank 0, stuck with a dead peer, is killed, not awaited
-    assert seen["actors_left"] == 0
+    assert seen["connection_closed"] and seen["resources_freed"]
 
 
 @needs_ray

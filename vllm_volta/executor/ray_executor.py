@@ -46,6 +46,11 @@ class _RayPending:
 
 
 class RayExecutor(Executor):
+    # Whether this process's Ray connection was opened by a RayExecutor, and how many live
+    # executors use it: the last to shut down closes it (not one engine under another's feet).
+    _started_ray: bool = False
+    _on_started_ray: int = 0
+
     def _init_executor(self) -> None:
         self._ray = ray = import_ray()
         pc = self.vllm_config.parallel_config
@@ -53,12 +58,14 @@ class RayExecutor(Executor):
         self.workers: list[Any] = []  # actor handles, by rank
         self._ranks_ips: list[str] = []
         self._broken: str | None = None  # why the group can no longer run a step
-        self._owns_ray = not ray.is_initialized()
         self._pg, self._owns_pg = None, False
-        if self._owns_ray:
+        if not ray.is_initialized():
             # Connects to a running cluster (RAY_ADDRESS, or one started on this node with
             # `ray start`), else starts a local instance.
             ray.init()
+            RayExecutor._started_ray, RayExecutor._on_started_ray = True, 0
+        self._owns_ray = RayExecutor._started_ray
+        RayExecutor._on_started_ray += self._owns_ray
         try:
             self._start_actors()
             self._run_all("init_worker", self._init_messages(), timeout=_READY_TIMEOUT_S)
@@ -237,6 +244,9 @@ class RayExecutor(Executor):
             from ray.util.placement_group import remove_placement_group
             remove_placement_group(self._pg)
             self._pg, self._owns_pg = None, False
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        if self._owns_ray:
             self._owns_ray = False
+            RayExecutor._on_started_ray -= 1
+            if RayExecutor._on_started_ray == 0 and ray.is_initialized():
+                ray.shutdown()
+                RayExecutor._started_ray = False

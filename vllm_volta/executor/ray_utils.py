@@ -147,11 +147,14 @@ class RayWorkerActor:
             return s.getsockname()[1]
 
     def init_worker(self, init: WorkerInit) -> None:
+        local_device = init.local_device
         if init.cuda_visible_devices is not None:
-            # Before anything touches CUDA in this process: the node's GPUs, not only Ray's one.
-            os.environ["CUDA_VISIBLE_DEVICES"] = init.cuda_visible_devices
+            if torch.cuda.is_initialized():  # too late to widen the view: Ray's one GPU
+                local_device = 0
+            else:  # the node's GPUs of this engine, not only Ray's one (NCCL peer copies)
+                os.environ["CUDA_VISIBLE_DEVICES"] = init.cuda_visible_devices
         self.worker = RayWorker(init.vllm_config, init.rank, init.world_size,
-                                init.distributed_init_method, init.local_device)
+                                init.distributed_init_method, local_device)
         self.worker.load_model()
 
     def determine_num_available_blocks(self) -> int:
