@@ -10,7 +10,9 @@ block. A row-parallel rank's inputs must be whole K blocks (else a clear error a
 
 x W^T runs one of two paths (``fp8_kernel_path``):
 - W8A8 on GPUs with FP8 tensor cores (SM89+), checkpoints with FP8 activations: Triton GEMM
-  (fp8_kernels.py), x quantized per token and 128-wide group (bk for block checkpoints);
+  (fp8_kernels.py), x quantized per token and 128-wide group (bk for block checkpoints); a
+  checkpoint's static ``input_scale`` loads (the fused projections' maximum) but the dynamic
+  per-group scales, finer than one per tensor, are used;
 - elsewhere (V100 / T4 / A100, the CPU, weight-only checkpoints): W = weight * scales in the
   activation dtype each call, then one GEMM (cuBLAS / the CPU's).
 A layer whose checkpoint ``weight`` is float (the ignore lists) becomes a dense layer as it loads.
