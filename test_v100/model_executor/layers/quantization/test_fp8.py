@@ -52,6 +52,8 @@ def test_configs():
         fp8_kernel_path(block, torch.device("cpu"), torch.float16)
     assert "no activation quantization" in fp8_kernel_path(config_of(SCHEMES["ct-w8a16-channel"]),
                                                            torch.device("cuda"), torch.float16)
+    assert "K blocks of 16 are not whole 32-wide FP8 GEMM tiles" in fp8_kernel_path(
+        config_of(Fp8Scheme(block=(16, 16))), torch.device("cuda"), torch.float16)
 
 
 def _refused(scheme: Fp8Scheme, change, match: str) -> None:

@@ -41,6 +41,8 @@ def _w8a8_reason(config: Fp8Config, device: torch.device) -> str | None:
     """None when the Triton W8A8 GEMM serves layers on ``device``, else why not."""
     if not config.w8a8:
         return "the checkpoint is weight-only FP8 (no activation quantization)"
+    if config.block_shape and config.block_shape[1] % 32:
+        return f"K blocks of {config.block_shape[1]} are not whole 32-wide FP8 GEMM tiles"
     if device.type != "cuda":
         return f"the Triton FP8 GEMM needs a CUDA GPU (here {device.type})"
     from vllm_volta.platforms import current_platform
