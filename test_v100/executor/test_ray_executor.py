@@ -1,9 +1,9 @@
 """RayExecutor: tensor parallelism over Ray actors.
 
-The Ray runs happen in a child process inside a network namespace of its own (`unshare -n`,
-loopback only), so Ray's nodes, the gloo rendezvous and every rank bind 127.0.0.1 and never the
-machine's interfaces. The child writes what it saw as JSON; this process checks it against
-transformers and the 1-rank engine.
+The Ray runs happen in a child process inside network and PID namespaces of their own
+(`unshare --net --pid`, loopback only), so Ray's head, the gloo rendezvous and every rank bind
+127.0.0.1 and never the machine's interfaces, and no Ray process outlives the test. The child
+writes what it saw as JSON; this process checks it against transformers and the 1-rank engine.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _netns_works() -> bool:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False
     try:
-        probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"],
+        probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc",
+                                "ip", "link", "set", "lo", "up"],
                                capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -46,8 +47,8 @@ needs_ray = pytest.mark.skipif(
     not HAS_RAY, reason="ray is not installed (pip install -e '.[ray]'; the [test] extra leaves "
                         "it out)")
 needs_netns = pytest.mark.skipif(
-    not _netns_works(), reason="needs `unshare -n` and `ip` (root or user namespaces) to run Ray "
-                               "on 127.0.0.1 in a network namespace of its own")
+    not _netns_works(), reason="needs `unshare --net --pid` and `ip` (root or user namespaces) to "
+                               "run Ray on 127.0.0.1 in network and PID namespaces of its own")
 
 PROMPTS = random_prompts(3, 3, 30, seed=11)
 GREEDY = dict(temperature=0, max_tokens=5, ignore_eos=True)
@@ -76,9 +77,14 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
 
     from vllm_volta.executor.ray_executor import RayExecutor
     result: dict = {}
+    common = dict(model=model, skip_tokenizer_init=True, distributed_executor_backend="ray",
+                  **engine_kwargs)
+    try:  # more ranks than the head has CPUs (or GPUs)
+        LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=4, **common))
+    except ValueError as e:
+        result["too_many_error"] = str(e)
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=model, skip_tokenizer_init=True, tensor_parallel_size=2,
-        distributed_executor_backend="ray", max_num_batched_tokens=32, **engine_kwargs))
+        tensor_parallel_size=2, max_num_batched_tokens=32, **common))
     try:
         executor = engine.executor
         result["executor"] = type(executor).__name__
@@ -126,7 +132,10 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
-def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: float) -> dict:
+def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, num_gpus: int,
+                  timeout: float) -> dict:
+    """A Ray head of 3 CPUs and `num_gpus` GPUs on 127.0.0.1 in a new network namespace, and
+    ray_scenario next to it."""
     code = ("import json, sys; from test_v100.executor.test_ray_executor import ray_scenario; "
             "ray_scenario(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -135,12 +144,15 @@ def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: flo
     env["RAY_ADDRESS"] = "127.0.0.1:6379"
     env["RAY_AUTH_MODE"] = "disabled"  # loopback only, in a namespace of its own
     ray_cli = f'"{sys.executable}" -m ray.scripts.scripts'
+    # In a PID namespace too: `ray stop` sees only this head's processes, and whatever is
+    # left when the shell exits is killed with the namespace.
     script = (f'ip link set lo up && {ray_cli} start --head --node-ip-address=127.0.0.1 '
-              f'--port=6379 --num-cpus=4 --include-dashboard=false --temp-dir="$RAY_TMP" 1>&2 '
-              f'&& "$0" "$@"; rc=$?; {ray_cli} stop --force >/dev/null 2>&1; exit $rc')
+              f'--port=6379 --num-cpus=3 --num-gpus={num_gpus} --include-dashboard=false '
+              f'--temp-dir="$RAY_TMP" 1>&2 && "$0" "$@"; rc=$?; '
+              f'{ray_cli} stop >/dev/null 2>&1; exit $rc')
     ray_tmp = tempfile.mkdtemp(prefix="vvray")  # short: Ray's socket paths must stay < 108 chars
     env["RAY_TMP"] = ray_tmp
-    cmd = ["unshare", "-n", "sh", "-c", script,
+    cmd = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", script,
            sys.executable, "-c", code, str(model), str(out_path), json.dumps(engine_kwargs)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
@@ -155,8 +167,12 @@ def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, timeout: flo
 
 def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
     path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
-    seen = _run_in_netns(path, tmp_path / "result.json", engine_kwargs, timeout=240)
+    on_gpu = torch.cuda.is_available()
+    seen = _run_in_netns(path, tmp_path / "result.json", engine_kwargs, num_gpus=2 if on_gpu else 0,
+                         timeout=240)
     assert seen["executor"] == "RayExecutor"
+    resource = "GPU" if on_gpu else "CPU"
+    assert f"tensor_parallel_size=4 needs 4 {resource}s in the Ray cluster" in seen["too_many_error"]
     assert seen["rendezvous"].startswith("tcp://127.0.0.1:")
     import transformers
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
@@ -198,6 +214,20 @@ def test_ray_tp2_on_cpu(tmp_path_factory, tmp_path):
 def test_ray_tp2_on_gpus(tmp_path_factory, tmp_path):
     check_ray_tp2(tmp_path_factory, tmp_path, dtype="float32", gpu_memory_utilization=0.2,
                   async_scheduling=True)
+
+
+def test_ray_worker_mirrors_worker(tmp_path_factory):
+    """RayWorker builds what Worker builds (it only takes the device index apart from the
+    rank): the same attributes, so a Worker change that RayWorker misses fails here."""
+    from vllm_volta.executor.ray_utils import RayWorker
+    from vllm_volta.worker.worker import Worker
+    path = tiny_model_dir(tmp_path_factory, "qwen2")
+    config = EngineArgs(model=str(path), skip_tokenizer_init=True, device="cpu").create_engine_config()
+    plain, ray_worker = Worker(config), RayWorker(config, 0, 1, None, 0)
+    assert set(vars(ray_worker)) == set(vars(plain))
+    assert set(vars(ray_worker.model_runner)) == set(vars(plain.model_runner))
+    assert (ray_worker.rank, ray_worker.world_size, ray_worker.device) == (0, 1, plain.device)
+    assert ray_worker.model_runner.is_driver
 
 
 def test_missing_ray_is_a_clear_error(tmp_path_factory, monkeypatch):
