@@ -264,3 +264,14 @@ def test_ranks_follow_nodes_and_gpus():
         (0, None, 0), (1, None, 0)]
     assert tcp_init_method("127.0.0.1", 29500) == "tcp://127.0.0.1:29500"
     assert tcp_init_method("fe80::1", 29500) == "tcp://[fe80::1]:29500"
+
+
+def test_ranks_get_the_engines_settings_but_no_secrets(monkeypatch):
+    from vllm_volta.executor.ray_utils import forwarded_env
+    for key, value in (("NCCL_SOCKET_IFNAME", "eth0"), ("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0"),
+                       ("HF_HOME", "/models"), ("HF_TOKEN", "secret"), ("PATH_UNRELATED", "x")):
+        monkeypatch.setenv(key, value)
+    env = forwarded_env()
+    assert {k: env.get(k) for k in ("NCCL_SOCKET_IFNAME", "VLLM_VOLTA_DEVICE_CAPABILITY", "HF_HOME")} == {
+        "NCCL_SOCKET_IFNAME": "eth0", "VLLM_VOLTA_DEVICE_CAPABILITY": "7.0", "HF_HOME": "/models"}
+    assert "HF_TOKEN" not in env and "PATH_UNRELATED" not in env

@@ -36,8 +36,11 @@ def import_ray() -> Any:
 
 
 def forwarded_env() -> dict[str, str]:
-    """The engine's settings that ranks on other nodes must share (VLLM_VOLTA_*, NCCL_*...)."""
-    return {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+    """The engine's settings that ranks on other nodes must share (VLLM_VOLTA_*, NCCL_*...).
+    Secrets (HF_TOKEN and the like) stay behind: Ray shows an actor's environment in its
+    dashboard and state API."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(_FORWARDED_ENV_PREFIXES) and "TOKEN" not in k and "KEY" not in k}
 
 
 @dataclass
