@@ -106,12 +106,12 @@ def test_scheduler_preempts_and_errors_over_all_groups(make_request):
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
     sched = Scheduler(config, 13, 4, True, kv_cache_layout=layout())  # 12 usable blocks
     kv = sched.kv_cache_manager
-    assert isinstance(kv, GroupedKVCacheManager) and not kv.enable_caching
+    assert isinstance(kv, GroupedKVCacheManager) and kv.enable_caching
     too_big = make_request(range(30), max_tokens=4)  # 8 + 8 blocks > 12
     sched.add_request(too_big)
     out = sched.schedule()
     assert out.errored == [too_big] and "KV-cache blocks" in too_big.error
-    a, b = make_request(range(12), max_tokens=20), make_request(range(12), max_tokens=20)
+    a, b = make_request(range(12), max_tokens=20), make_request(range(100, 112), max_tokens=20)
     sched.add_request(a)
     sched.add_request(b)
     out = sched.schedule()  # 3 + 3 blocks each
@@ -123,6 +123,53 @@ def test_scheduler_preempts_and_errors_over_all_groups(make_request):
     out = sched.schedule()  # token 12 needs a 4th block in both groups of both: b is preempted
     assert out.preempted_req_ids == {b.request_id} and [s.req_id for s in out.scheduled] == [a.request_id]
     assert kv.get_group_block_ids(b.request_id) == ([], [])
+
+
+def test_prefix_hit_needs_the_whole_prefix_in_full_groups_and_the_window_in_sliding_ones(make_request):
+    kv = GroupedKVCacheManager(64, layout(), enable_caching=True)
+    a = make_request(range(30), max_tokens=20)
+    advance(kv, a, 30)
+    for _ in range(10):  # decode to 40 tokens: the sliding group returns blocks 0..7
+        a.append_output_token_ids([3])
+        advance(kv, a, 1)
+    full_a, sliding_a = kv.get_group_block_ids(a.request_id)
+    assert sliding_a[:7] == [0] * 7
+    kv.free(a)
+    # b shares a's first 30 tokens: 7 full blocks (28 tokens) are registered in both groups.
+    b = make_request(list(range(30)) + [99] * 5)
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 28
+    assert [x.block_id for x in hits[0]] == full_a[:7]
+    # The sliding group adopts only the window before token 28 (keys 21..27: blocks 5, 6).
+    assert [x.block_id for x in hits[1][:5]] == [0] * 5 and len(hits[1]) == 7
+    assert all(x.block_hash is not None for x in hits[1][5:])
+    # Without block 6 of the sliding group the hit falls back to 24 tokens (keys 17..23).
+    kv.pool.uncache_block(hits[1][6])
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 24 and [x.block_id for x in hits[0]] == full_a[:6] and hits[1][3].block_id == 0
+    free = kv.get_num_free_blocks()
+    assert kv.allocate_slots(b, 11, hits) is not None
+    b.num_computed_tokens = 35
+    full_b, sliding_b = kv.get_group_block_ids(b.request_id)
+    assert full_b[:6] == full_a[:6] and sliding_b[:4] == [0] * 4 and sliding_b[4:6] == [x.block_id for x in hits[1][4:]]
+    assert len(full_b) == len(sliding_b) == 9
+    # Adopted: 6 + 2 hit blocks leave the free list, plus 3 new blocks in each group.
+    assert kv.get_num_free_blocks() == free - 8 - 6
+    assert kv.prefix_cache_stats.hits == 0  # counted by the scheduler on admission
+    kv.free(b)
+    assert kv.get_num_free_blocks() == 63
+
+
+def test_no_hit_for_prompt_logprobs_or_without_caching(make_request):
+    kv = GroupedKVCacheManager(64, layout(), enable_caching=True)
+    a = make_request(range(20))
+    advance(kv, a, 20)
+    assert kv.get_computed_blocks(make_request(range(20), prompt_logprobs=1)) == ((), 0)
+    assert kv.get_computed_blocks(make_request(range(20)))[1] == 16
+    off = GroupedKVCacheManager(64, layout())
+    c = make_request(range(20))
+    advance(off, c, 20)
+    assert off.get_computed_blocks(make_request(range(20))) == ((), 0)
 
 
 @pytest.mark.parametrize("window", [1, 4, 5])

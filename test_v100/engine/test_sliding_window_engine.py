@@ -1,6 +1,6 @@
 """Sliding-window models on KV-cache groups: greedy tokens against transformers with prompts and
 outputs well past the window, blocks really returned, chunked prefill, preemption, and prefix
-caching switched off."""
+cache hits."""
 from __future__ import annotations
 
 import pytest
@@ -104,16 +104,20 @@ def test_preemption_with_groups_gives_the_same_tokens(models):
     assert engine.get_stats().num_free_blocks == 30
 
 
-def test_prefix_caching_is_off_and_a_repeat_gives_the_same_tokens(models):
-    path, hf_model = models["gemma3"]
-    engine = make_engine(path, block_size=4, enable_prefix_caching=True)
-    assert not engine.scheduler.kv_cache_manager.enable_caching
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_prefix_cache_hits_keep_transformers_tokens(models, arch):
+    """A repeated prompt adopts the full group's whole prefix and the sliding groups' last window
+    (blocks the first request returned, still cached in the pool)."""
+    path, hf_model = models[arch]
+    engine = make_engine(path, block_size=4)
+    assert engine.scheduler.kv_cache_manager.enable_caching
     prompt = random_prompts(1, 33, 33, seed=11)[0]
+    other = prompt[:21] + [5, 6, 7, 8, 9]
     first = run(engine, [prompt], PARAMS)
-    second = run(engine, [prompt, prompt], PARAMS)
-    assert tokens(first) * 2 == tokens(second) == [hf_greedy(hf_model, prompt, 24)] * 2
-    assert engine.get_stats().prefix_cache_hits_total == 0
-    assert [o.num_cached_tokens for o in second] == [0, 0]
+    second = run(engine, [prompt, other], PARAMS)
+    assert [o.num_cached_tokens for o in first + second] == [0, 32, 20]
+    assert tokens(first + second) == [hf_greedy(hf_model, p, 24) for p in (prompt, prompt, other)]
+    assert engine.get_stats().prefix_cache_hits_total == 52
 
 
 def test_cache_sizing_and_profile_step_use_the_groups(models, capsys):

@@ -129,11 +129,9 @@ class Scheduler:
         layout = kv_cache_layout or getattr(config, "kv_cache_layout", None)
         self.kv_cache_manager: KVCacheManager
         if layout is not None and (layout.num_groups > 1 or layout.frees_blocks):
-            if enable_prefix_caching:
-                logger.info("Prefix caching off: %d KV-cache groups, sliding-window blocks returned "
-                            "to the pool (a hit would need the freed window)", layout.num_groups)
             self.kv_cache_manager = GroupedKVCacheManager(num_blocks, layout, num_state_slots,
-                                                          config.max_num_batched_tokens)
+                                                          config.max_num_batched_tokens,
+                                                          enable_prefix_caching)
         else:
             if layout is not None:
                 block_size = layout.groups[0].block_size
@@ -289,11 +287,11 @@ class Scheduler:
         for sched in out.scheduled:
             request = sched.request
             request.num_pending -= sched.samples
+            kv.uncache_uncomputed(request, sched.num_computed_tokens)
             if request.status == RequestStatus.RUNNING:
                 if frees:
                     kv.free(request)
                 request.num_computed_tokens = 0 if restart or frees else sched.num_computed_tokens
-            self.kv_cache_manager.uncache_uncomputed(request, sched.num_computed_tokens)
 
     # ---- results ------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput,
