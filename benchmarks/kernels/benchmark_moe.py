@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nbytes = selected_bytes(moe, xs)
         seconds = graphed_seconds(moe, [(x,) for x in xs], device, args.iters)
         row: dict[str, Any] = {"batch_size": t, "device_us": seconds * 1e6, "selected_bytes": nbytes,
-                               "bandwidth_gbs": nbytes / seconds / 1e9, "fraction_of_copy_bw": nbytes / seconds / copy_bw,
+                               "bandwidth_gbs": nbytes / seconds / 1e9,
+                               "fraction_of_copy_bw": nbytes / seconds / copy_bw,
                                "config": moe._kernel_config(t, dtype)}
         if not args.no_host:
             ids_weights = [moe.route(x) for x in xs]

@@ -68,7 +68,8 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
     b_row[i] = idx < B_VECS ? idx / VK : -1;
     b_vec[i] = idx % VK;
     const int c = col0 + b_row[i];
-    b_src[i] = b_row[i] >= 0 && c < n ? reinterpret_cast<const uint4*>(weight + (static_cast<int64_t>(expert) * n + c) * k) : nullptr;
+    const int64_t row = static_cast<int64_t>(expert) * n + c;
+    b_src[i] = b_row[i] >= 0 && c < n ? reinterpret_cast<const uint4*>(weight + row * k) : nullptr;
   }
   const int nvec = k / 8;
   uint4 a_reg[A_LOADS], b_reg[B_LOADS];

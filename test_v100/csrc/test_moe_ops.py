@@ -222,7 +222,8 @@ def test_routing_bad_input_is_a_clear_error():
     w, ids, tei = _meta((4, 2), torch.float32), _meta((4, 2), torch.int32), _meta((4, 2), torch.int32)
     with pytest.raises(RuntimeError, match=re.escape("topk_softmax: 'topk_ids' must be int32")):
         torch.ops._C.topk_softmax(w, _meta((4, 2), torch.int64), tei, _meta((4, 8)))
-    with pytest.raises(RuntimeError, match=re.escape("topk_softmax: top_k must be in [1, min(num_experts, 32)], got 2")):
+    with pytest.raises(RuntimeError,
+                       match=re.escape("topk_softmax: top_k must be in [1, min(num_experts, 32)], got 2")):
         torch.ops._C.topk_softmax(w, ids, tei, _meta((4, 1)))
     with pytest.raises(RuntimeError, match=re.escape("topk_sigmoid: 'topk_weights' must be [num_tokens, top_k]")):
         torch.ops._C.topk_sigmoid(_meta((3, 2), torch.float32), ids, tei, _meta((4, 8)))

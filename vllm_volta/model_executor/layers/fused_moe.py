@@ -3,14 +3,15 @@
 Given each token's experts (int32 ids [T, k]) and routing weights (float32 [T, k]), two paths:
 
 - ``gemv`` (decode, a few tokens): ``moe_gemv_silu_and_mul`` (``moe_gemv_gelu_tanh_and_mul``) reads
-  the chosen experts' gate and up rows once per (token, expert) pair and applies the gated activation; ``moe_gemv_down_sum`` reads their
-  down rows, weights each product and sums a token's k of them, in FP32. Two launches, no
-  intermediate but [T, k, I]. float16 / float32 (bfloat16 on SM80+).
+  the chosen experts' gate and up rows once per (token, expert) pair and applies the gated
+  activation; ``moe_gemv_down_sum`` reads their down rows, weights each product and sums a token's
+  k of them, in FP32. Two launches, no intermediate but [T, k, I]. float16 / float32 (bfloat16
+  on SM80+).
 - ``gemm`` (prefill, larger batches; 16-bit dtypes): vLLM's fused-MoE design: the pairs sorted
   by expert and padded per expert to ``block_size`` (``moe_align_block_size``), then the
   tensor-core ``moe_grouped_gemm`` (WMMA, FP32 accumulation) for gate_up, ``silu_and_mul`` (or
-  ``gelu_tanh_and_mul``), the
-  grouped GEMM for down with the routing weight applied, and ``moe_sum`` over each token's k rows.
+  ``gelu_tanh_and_mul``), the grouped GEMM for down with the routing weight applied, and
+  ``moe_sum`` over each token's k rows.
   Every used expert's weights are read once per block of ``block_size`` pairs.
 
 Which path, ``rows_per_block`` and ``block_size`` at a token count come from a tuned kernel
