@@ -51,10 +51,14 @@ def test_reference_matches_transformers_qwen3_5():
     # As the HF layer forms them: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias).
     beta = x["b"].sigmoid()
     g = -x["A_log"].exp() * F.softplus(x["a"] + x["dt_bias"])
+    # The HF layer repeats each key head for its value heads before this function (older
+    # transformers' version of it needs that; newer ones accept either).
+    group = x["v"].shape[1] // x["q"].shape[1]
+    q, k = x["q"].repeat_interleave(group, dim=1), x["k"].repeat_interleave(group, dim=1)
     for i, (lo, hi) in enumerate(((0, 4), (4, 11))):
         slot = int(x["state_slots"][i])
         o, s = qwen.torch_recurrent_gated_delta_rule(
-            x["q"][None, lo:hi], x["k"][None, lo:hi], x["v"][None, lo:hi], g=g[None, lo:hi], beta=beta[None, lo:hi],
+            q[None, lo:hi], k[None, lo:hi], x["v"][None, lo:hi], g=g[None, lo:hi], beta=beta[None, lo:hi],
             initial_state=state0[slot][None], output_final_state=True, use_qk_l2norm_in_kernel=True)
         torch.testing.assert_close(out[lo:hi], o[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x["state"][slot], s[0], rtol=1e-5, atol=1e-5)
