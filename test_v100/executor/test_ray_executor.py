@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.engine_errors import is_fatal
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.executor.ray_utils import NodeInfo, assign_ranks, tcp_init_method
-from vllm_volta.sampling_params import SamplingParams
+from vllm_volta.sampling_params import SamplingParams, StructuredOutputsParams
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -53,6 +54,9 @@ needs_netns = pytest.mark.skipif(
 PROMPTS = random_prompts(3, 3, 30, seed=11)
 GREEDY = dict(temperature=0, max_tokens=5, ignore_eos=True)
 SEEDED = dict(temperature=0.8, seed=5, max_tokens=4, ignore_eos=True, logprobs=2)
+GUIDED_REGEX = r"[a-c]{2}-[0-9]{3}"
+GUIDED = dict(temperature=0, max_tokens=30,
+              structured_outputs=StructuredOutputsParams(regex=GUIDED_REGEX))
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str = ""):
@@ -77,8 +81,7 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
 
     from vllm_volta.executor.ray_executor import RayExecutor
     result: dict = {}
-    common = dict(model=model, skip_tokenizer_init=True, distributed_executor_backend="ray",
-                  **engine_kwargs)
+    common = dict(model=model, distributed_executor_backend="ray", **engine_kwargs)
     try:  # more ranks than the head has CPUs (or GPUs)
         LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=4, **common))
     except ValueError as e:
@@ -93,6 +96,9 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
         result["rendezvous"] = executor._init_method
         result["greedy"] = _summary(run(engine, PROMPTS, SamplingParams(**GREEDY), "g"))
         result["seeded"] = _summary(run(engine, PROMPTS[:2], SamplingParams(**SEEDED), "s"))
+        guided = run(engine, PROMPTS[:2], SamplingParams(**GUIDED), "j")  # grammar on rank 0
+        result["guided"] = [{"tokens": list(o.outputs[0].token_ids), "text": o.outputs[0].text}
+                            for o in guided]
         # Only the driver fails (bad input) and rank 1 finishes: its own error, group intact.
         from vllm_volta.core.scheduler import SchedulerOutput
         refs = executor._submit("execute_model", [("not a schedule",), (SchedulerOutput(),)])
@@ -166,7 +172,8 @@ def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, num_gpus: in
 
 
 def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
-    path = tiny_model_dir(tmp_path_factory, "qwen2")  # 4 heads, 2 kv heads: 1 per rank
+    # 4 heads, 2 kv heads: 1 per rank; a tokenizer for the structured-output request.
+    path = tiny_model_dir(tmp_path_factory, "qwen2", with_tokenizer=True)
     on_gpu = torch.cuda.is_available()
     seen = _run_in_netns(path, tmp_path / "result.json", engine_kwargs, num_gpus=2 if on_gpu else 0,
                          timeout=240)
@@ -178,11 +185,15 @@ def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
     assert [s["tokens"] for s in seen["greedy"]] == [hf_greedy(hf_model, p, 5) for p in PROMPTS]
     single = LLMEngine.from_engine_args(EngineArgs(
-        model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=32, **engine_kwargs))
+        model=str(path), max_num_batched_tokens=32, **engine_kwargs))
     try:
         one = _summary(run(single, PROMPTS[:2], SamplingParams(**SEEDED)))
+        one_guided = run(single, PROMPTS[:2], SamplingParams(**GUIDED), "j")
     finally:
         single.shutdown()
+    for tp2, tp1 in zip(seen["guided"], one_guided):
+        assert re.fullmatch(GUIDED_REGEX, tp2["text"]), tp2["text"]
+        assert tp2["tokens"] == list(tp1.outputs[0].token_ids)
     for tp2, tp1 in zip(seen["seeded"], one):
         assert tp2["tokens"] == tp1["tokens"]
         for a, b in zip(tp2["logprobs"], tp1["logprobs"]):
@@ -275,3 +286,39 @@ def test_ranks_get_the_engines_settings_but_no_secrets(monkeypatch):
     assert {k: env.get(k) for k in ("NCCL_SOCKET_IFNAME", "VLLM_VOLTA_DEVICE_CAPABILITY", "HF_HOME")} == {
         "NCCL_SOCKET_IFNAME": "eth0", "VLLM_VOLTA_DEVICE_CAPABILITY": "7.0", "HF_HOME": "/models"}
     assert "HF_TOKEN" not in env and "PATH_UNRELATED" not in env
+
+
+def test_grammar_matchers_reach_rank_0_as_bitmask_rows():
+    """xgrammar matchers do not pickle: rank 0 gets this step's allowed-token row of each
+    sampling request instead (equal to what the matcher fills), the others none."""
+    import pickle
+
+    import xgrammar as xgr
+
+    from test_v100.worker.tiny_models import VOCAB_SIZE, build_tokenizer
+    from vllm_volta.core.request import Request
+    from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
+    from vllm_volta.executor.ray_utils import BitmaskRow, with_grammar_rows
+    from vllm_volta.structured_output import fill_bitmask
+    info = xgr.TokenizerInfo.from_huggingface(build_tokenizer(), vocab_size=VOCAB_SIZE)
+    compiled = xgr.GrammarCompiler(info).compile_regex(GUIDED_REGEX)
+    reqs = [Request(str(i), [5, 6, 7], SamplingParams(), max_tokens=4, block_size=16)
+            for i in range(3)]
+    reqs[0].grammar, reqs[1].grammar = xgr.GrammarMatcher(compiled), xgr.GrammarMatcher(compiled)
+    out = SchedulerOutput(scheduled=[ScheduledRequest.make(reqs[0], 3, 0, [1]),  # samples
+                                     ScheduledRequest.make(reqs[1], 2, 0, [2]),  # mid-prompt
+                                     ScheduledRequest.make(reqs[2], 3, 0, [3])],
+                          total_num_scheduled_tokens=8)
+    assert [s.samples for s in out.scheduled] == [True, False, True]
+    with pytest.raises(Exception):
+        pickle.dumps(out)
+    sent = pickle.loads(pickle.dumps(with_grammar_rows(out, VOCAB_SIZE)))
+    row = sent.scheduled[0].request.grammar
+    assert isinstance(row, BitmaskRow)
+    got = torch.zeros(2, row.words.numel(), dtype=torch.int32)
+    row.fill_next_token_bitmask(got, 1)
+    assert torch.equal(got[1], fill_bitmask([reqs[0].grammar], VOCAB_SIZE)[0])
+    assert sent.scheduled[1].request.grammar is None and sent.scheduled[2].request.grammar is None
+    assert reqs[0].grammar is not None and out.scheduled[0].request is reqs[0]  # untouched
+    plain = SchedulerOutput(scheduled=[ScheduledRequest.make(reqs[2], 3, 0, [3])])
+    assert with_grammar_rows(plain, VOCAB_SIZE) is plain

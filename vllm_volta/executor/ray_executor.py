@@ -19,7 +19,8 @@ from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.executor.multiproc import slim_scheduler_output
 from vllm_volta.executor.ray_utils import (RayWorkerActor, WorkerInit, assign_ranks,
-                                           forwarded_env, import_ray, tcp_init_method)
+                                           forwarded_env, import_ray, tcp_init_method,
+                                           with_grammar_rows)
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.model_runner import ModelRunnerOutput
 
@@ -213,8 +214,9 @@ class RayExecutor(Executor):
         """Launch a step on every rank; the engine may schedule (and launch) the next step
         before reading this one (each actor runs its steps in launch order)."""
         slim = (slim_scheduler_output(scheduler_output),)
-        refs = self._submit("execute_model",
-                            [(scheduler_output,)] + [slim] * (self.world_size - 1))
+        driver = with_grammar_rows(scheduler_output,
+                                   self.vllm_config.model_config.get_vocab_size())
+        refs = self._submit("execute_model", [(driver,)] + [slim] * (self.world_size - 1))
         return _RayPending(lambda: self._gather(refs, "execute_model"))
 
     # ---- shutdown -------------------------------------------------------------------
