@@ -173,10 +173,13 @@ class Worker:
             return
         from vllm_volta.worker.cuda_graph import CudaGraphRunner
         runner.graph_runner = CudaGraphRunner.capture(runner, max_num_seqs)
+        # A model whose layers the pieces cannot be cut around says why (class attribute).
+        no_pieces = getattr(runner.model, "piecewise_graphs_off", None)
         if self.vllm_config.cache_config.num_state_slots:
-            logger.info("Piecewise CUDA graphs off: the linear-attention layers of %s run their "
-                        "prefill per sequence; decode steps replay full graphs",
-                        type(runner.model).__name__)
+            no_pieces = "its linear-attention layers run their prefill per sequence"
+        if no_pieces and self.vllm_config.model_config.cudagraph_mode == "FULL_AND_PIECEWISE":
+            logger.info("Piecewise CUDA graphs off for %s: %s; decode steps replay full graphs",
+                        type(runner.model).__name__, no_pieces)
         elif self.vllm_config.model_config.cudagraph_mode == "FULL_AND_PIECEWISE":
             from vllm_volta.worker.piecewise_graph import PiecewiseGraphRunner
             runner.piecewise_runner = PiecewiseGraphRunner.capture(

@@ -113,6 +113,11 @@ class Gemma4ForCausalLM(nn.Module):
     """Gemma4ForCausalLM: ``forward`` -> final hidden states, ``compute_logits`` -> logits,
     ``kv_cache_specs`` -> one cache spec per layer (this rank's KV heads)."""
 
+    # Read by the worker: the piecewise graphs hand one attention shape between pieces in the
+    # model dtype, and KV-shared layers attend to a cache they did not write in the step.
+    piecewise_graphs_off = ("its layers differ in attention shape, share KV caches and keep the "
+                            "residual stream in float32 under float16")
+
     def __init__(self, hf_config: Any, *, dtype: torch.dtype, attn_backend: type | None = None,
                  residual_dtype: torch.dtype | None = None, tie_word_embeddings: bool | None = None) -> None:
         super().__init__()
