@@ -176,6 +176,10 @@ def _group_tables(scheduled: Sequence[ScheduledRequest], block_sizes: Sequence[i
     num_seqs, num_tokens = len(scheduled), len(positions)
     row = _align(num_tokens, 2)
     groups = range(1, len(block_sizes))
+    if scheduled and scheduled[0].group_block_ids is None:
+        raise RuntimeError(f"the model's KV cache has {len(block_sizes)} groups but the scheduler hands "
+                           "out one block table: build the Scheduler with the worker's kv_cache_layout "
+                           "(scheduler_config.kv_cache_layout, set by Worker.initialize_cache)")
     lists = [[s.group_block_ids[g] for s in scheduled] for g in groups]
     lens = [np.fromiter((len(ids) for ids in gl), np.int64, num_seqs) for gl in lists]
     widths = [max(int(n.max()) if num_seqs else 1, 1) for n in lens]
