@@ -178,7 +178,6 @@ def test_windows_of_any_size_keep_what_the_next_token_reads(make_request, window
     req = make_request(range(3))
     advance(kv, req, 3)
     for _ in range(40):
-        ids = kv.get_group_block_ids(req.request_id)[1]
         kv.allocate_slots(req, 1)
         ids = kv.get_group_block_ids(req.request_id)[1]
         pos = req.num_computed_tokens  # the step's token: it reads keys pos - window + 1 .. pos
