@@ -298,7 +298,7 @@ def test_grammar_matchers_reach_rank_0_as_bitmask_rows():
     from test_v100.worker.tiny_models import VOCAB_SIZE, build_tokenizer
     from vllm_volta.core.request import Request
     from vllm_volta.core.scheduler import ScheduledRequest, SchedulerOutput
-    from vllm_volta.executor.ray_utils import BitmaskRow, with_grammar_rows
+    from vllm_volta.executor.ray_messages import BitmaskRow, with_grammar_rows
     from vllm_volta.structured_output import fill_bitmask
     info = xgr.TokenizerInfo.from_huggingface(build_tokenizer(), vocab_size=VOCAB_SIZE)
     compiled = xgr.GrammarCompiler(info).compile_regex(GUIDED_REGEX)

@@ -18,9 +18,9 @@ from typing import Any
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.executor.multiproc import slim_scheduler_output
-from vllm_volta.executor.ray_utils import (RayWorkerActor, WorkerInit, assign_ranks,
-                                           forwarded_env, import_ray, tcp_init_method,
-                                           with_grammar_rows)
+from vllm_volta.executor.ray_messages import WorkerInit, with_grammar_rows
+from vllm_volta.executor.ray_utils import (RayWorkerActor, assign_ranks, forwarded_env,
+                                           import_ray, tcp_init_method)
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.model_runner import ModelRunnerOutput
 
