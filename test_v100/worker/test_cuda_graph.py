@@ -185,3 +185,40 @@ def test_load_fills_static_buffers_and_padding_rows():
         assert graphs.slot_mapping[pad].tolist() == [-1] * (size - num)
         assert graphs.seq_lens[pad].tolist() == [1] * (size - num)
         assert graphs.block_table[pad, 0].tolist() == [0] * (size - num)
+
+
+@gpu
+@needs_cuda
+def test_load_stages_every_kv_cache_group():
+    """With two KV-cache groups (blocks of 8 and 16, the second a window with freed entries),
+    each group's block table and slot mapping reach its static buffers; padding rows: slot -1,
+    block 0."""
+    from dataclasses import replace
+
+    from vllm_volta.core.kv_cache_groups import KVCacheGroup, KVCacheLayout
+    device = torch.device("cuda")
+    layout = KVCacheLayout((KVCacheGroup(8, None, (0,)), KVCacheGroup(16, 8, (1,))), (0, 1), 256)
+    runner = stub_runner(None, [], device, 8, 512, max_seq_len_to_capture=64)
+    runner.kv_cache_layout = lambda: layout
+    graphs = CudaGraphRunner(runner, [1, 2, 4, 8])
+    (table1, slots1), = graphs.group_buffers
+    assert table1.shape == (8, 4)
+    gen = torch.Generator().manual_seed(4)
+    for num in (8, 3, 6):
+        batch = []
+        for i, s in enumerate(decode_batch(num, 8, gen)):
+            ctx = s.num_computed_tokens + 1
+            second = [0] * ((ctx - 1) // 16) + [100 + i]  # only the last block of 16 kept
+            batch.append(replace(s, group_block_ids=(s.block_ids, second)))
+        inp = prepare_inputs(batch, 8, device, group_block_sizes=[8, 16])
+        md = inp.attn_metadata
+        assert graphs.can_run(inp)
+        size = graphs.load(inp)
+        src_table, src_slots = md.kv_groups[1]
+        assert torch.equal(table1[:num, :src_table.shape[1]], src_table)
+        assert slots1[:num].tolist() == src_slots.tolist()
+        assert slots1[:num].tolist() == [(100 + i) * 16 + (s.num_computed_tokens % 16) for i, s in enumerate(batch)]
+        assert slots1[num:size].tolist() == [-1] * (size - num)
+        assert table1[num:size, 0].tolist() == [0] * (size - num)
+        view = graphs._metadata(size).for_group(1)
+        assert view.block_table.data_ptr() == table1.data_ptr() and view.slot_mapping.data_ptr() == slots1.data_ptr()

@@ -154,6 +154,7 @@ class ModelRunner:
         if self._kv_layout is None:
             layout = self._kv_layout = plan_model_groups(self.model, self.kv_cache_specs(), self.block_size,
                                                          self.model_config.max_model_len)
+            self._kv_block_size = layout.groups[0].block_size
             if layout.num_groups > 1:
                 self._group_block_sizes = [g.block_size for g in layout.groups]
                 self._group_tables = [BlockTableCache() for _ in layout.groups[1:]]
@@ -162,7 +163,9 @@ class ModelRunner:
     @property
     def kv_block_size(self) -> int:
         """Group 0's block size (the configured one unless its pages were unified)."""
-        return self.kv_cache_layout().groups[0].block_size
+        if self._kv_layout is None:
+            self.kv_cache_layout()
+        return self._kv_block_size
 
     def kv_cache_block_bytes(self) -> int:
         """Bytes one block id takes across the whole cache (keys and values)."""
