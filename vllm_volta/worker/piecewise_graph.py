@@ -16,6 +16,10 @@ Why: launching each layer's kernels from Python costs host time in every such st
 engine's core thread at 256 streams on the H200 spent 37% of its time in the eager forward). On
 the H200 a lone 512-token prompt of the Qwen2.5-1.5B shape took 8.6 ms eagerly, 5.4 ms in pieces.
 
+The attention calls run eagerly on the step's own metadata, so models with several KV-cache
+groups need nothing staged here: each layer takes its group's block table and slot mapping from it
+(AttentionMetadata.for_group), and no captured piece reads a slot mapping.
+
 Every size reads and writes the same static buffers (views of the largest) and allocates from
 the decode graphs' memory pool, captured largest first: what one size's graphs allocate is
 reused by the next, as replays of different sizes never overlap.
