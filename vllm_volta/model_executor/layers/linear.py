@@ -22,7 +22,6 @@ from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
 from vllm_volta.model_executor.layers.quantization import current_quant_config
-from vllm_volta.model_executor.layers.quantization.awq import AWQLinearMethod
 
 if TYPE_CHECKING:
     from vllm_volta.model_executor.layers.layernorm import RMSNorm
@@ -73,7 +72,7 @@ class LinearBase(nn.Module):
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
         quant_config = current_quant_config()
-        self.quant_method = None if quant_config is None else AWQLinearMethod(quant_config)
+        self.quant_method = None if quant_config is None else quant_config.get_quant_method()
         if self.quant_method is None:
             self.weight = _new_param(output_size, input_size, dtype=params_dtype)
             self.weight.weight_loader = self.weight_loader

@@ -12,7 +12,6 @@ from torch import nn
 
 from vllm_volta.logger import init_logger
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
-from vllm_volta.model_executor.layers.quantization.awq import kernel_path
 from vllm_volta.model_executor.models.registry import get_model_cls
 from vllm_volta.model_executor.models.utils import config_head_dim
 
@@ -70,7 +69,7 @@ def get_model(model_config: Any, device: torch.device | str,
     quant_config = get_quant_config(hf_config)
     if quant_config is not None:
         logger.info("Quantized weights: %s, kept packed; x W: %s", quant_config.describe(),
-                    kernel_path(device, dtype))
+                    quant_config.kernel_path(device, dtype))
     # parameters are allocated directly on the target device
     with torch.device(device), quantization(quant_config):
         model = model_cls(hf_config, dtype=dtype, attn_backend=attn_backend)

@@ -62,6 +62,10 @@ class AWQConfig:
     def kernel_path(self, device: torch.device, dtype: torch.dtype) -> str:
         return kernel_path(device, dtype)
 
+    def get_quant_method(self) -> AWQLinearMethod:
+        """The linear method a layer built under this config uses (each config makes its own)."""
+        return AWQLinearMethod(self)
+
     def describe(self) -> str:
         if self.source == "awq":
             return f"AWQ 4-bit, group size {self.group_size}"
@@ -125,15 +129,8 @@ def _int_param(*shape: int) -> nn.Parameter:
 
 
 class AWQLinearMethod:
-    """Creates a linear layer's AWQ tensors and computes x W with them.
-
-    The linear layers make their method as ``AWQLinearMethod(config)``; a config of another
-    format (one with ``get_quant_method``, e.g. packed_int.PackedIntConfig) gets its own method."""
-
-    def __new__(cls, config: Any) -> Any:
-        if cls is AWQLinearMethod and not isinstance(config, AWQConfig):
-            return config.get_quant_method()
-        return super().__new__(cls)
+    """Creates a linear layer's AWQ tensors and computes x W with them (``AWQConfig.get_quant_method``:
+    every quantization config makes its layers' method)."""
 
     def __init__(self, config: AWQConfig) -> None:
         self.config = config
