@@ -170,9 +170,6 @@ class GroupedKVCacheManager(KVCacheManager):
         for table in self._tables.pop(rid, ()):
             self.pool.free_blocks(reversed(table))
 
-    def has_blocks(self, request_id: str) -> bool:
-        return request_id in self._tables
-
     def get_block_ids(self, request_id: str) -> list[int]:
         """Group 0's table (0 where freed); not a copy, never changed in place."""
         ids = self._ids.get(request_id)
