@@ -13,7 +13,8 @@ some token chose, counted once); `bandwidth_gbs` = selected_bytes / device time,
 of the device-to-device copy bandwidth measured in the same run.
 
 --tune times every candidate (gemv at rows_per_block 2, 4, 8; grouped GEMM at block_size 16, 32,
-64 for 16-bit dtypes) per batch size and writes the fastest as the kernel config the layer looks
+64 for 16-bit dtypes; the host-grouped loop, eagerly, which CUDA graphs replace by the device path)
+per batch size and writes the fastest as the kernel config the layer looks
 up (vllm_volta/kernel_configs.py: op=fused_moe, keyed by num_experts, top_k, hidden_size,
 intermediate_size, dtype and device) to --output-dir, else VLLM_VOLTA_KERNEL_CONFIG_DIR, else the
 shipped folder. Prints one JSON document.
@@ -120,6 +121,10 @@ def tune_batch(moe, xs: list[torch.Tensor], device: torch.device, iters: int) ->
         def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, config=config) -> torch.Tensor:
             return fused_experts(x, moe.w13, moe.w2, weights, ids, config)
         results.append((graphed_seconds(experts, arg_sets, device, iters), config))
+    # The host-grouped loop syncs every call: timed eagerly, as the steps that would use it run.
+    host = time_per_call(lambda x, weights, ids: moe._forward_host_grouped(x, ids, weights.to(x.dtype)),
+                         arg_sets, device, iters=iters * len(arg_sets))
+    results.append((host, {"path": "host"}))
     best = min(results, key=lambda r: r[0])[1]
     return best, [{"config": c, "us": s * 1e6} for s, c in results]
 

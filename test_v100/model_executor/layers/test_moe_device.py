@@ -61,8 +61,14 @@ def test_align_reference_follows_the_definition(tokens, experts, k, block):
 def test_default_config_and_config_checks():
     assert fused_moe.default_config(1, 128, 8, torch.float16)["path"] == "gemv"
     assert fused_moe.default_config(512, 128, 8, torch.float16) == {"path": "gemm", "block_size": 32}
-    assert fused_moe.default_config(512, 128, 8, torch.float32)["path"] == "gemv"  # no tensor-core float32
-    with pytest.raises(ValueError, match=r"'path' must be one of \('gemv', 'gemm'\), got 'x'"):
+    assert fused_moe.default_config(512, 128, 8, torch.float32) == {"path": "host"}  # no tensor-core float32
+    # Inside a CUDA-graph capture the host path (a sync per call) gives way to the device path.
+    assert fused_moe.capturable_config({"path": "host"}, 512, 128, 8, torch.float32)["path"] == "gemv"
+    assert fused_moe.capturable_config({"path": "host"}, 4, 128, 8, torch.float16) == {"path": "gemm",
+                                                                                         "block_size": 16}
+    tuned = {"path": "gemv", "rows_per_block": 4}
+    assert fused_moe.capturable_config(tuned, 512, 128, 8, torch.float16) is tuned
+    with pytest.raises(ValueError, match=r"'path' must be one of \('gemv', 'gemm', 'host'\), got 'x'"):
         fused_moe.check_config({"path": "x"}, torch.float16)
     with pytest.raises(ValueError, match=r"'block_size' must be one of \(16, 32, 64\), got 48"):
         fused_moe.check_config({"path": "gemm", "block_size": 48}, torch.float16)

@@ -14,8 +14,9 @@ Given each token's experts (int32 ids [T, k]) and routing weights (float32 [T, k
   ``moe_sum`` over each token's k rows.
   Every used expert's weights are read once per block of ``block_size`` pairs.
 
-Which path, ``rows_per_block`` and ``block_size`` at a token count come from a tuned kernel
-config (op ``fused_moe``, keyed by the layer's shape, dtype and device:
+A third choice, ``host``, leaves a batch to the layer's host-grouped cuBLAS loop (eager steps
+only: inside a CUDA-graph capture the device path runs instead). Which path, ``rows_per_block``
+and ``block_size`` at a token count come from a tuned kernel config (op ``fused_moe``, keyed by the layer's shape, dtype and device:
 benchmarks/kernels/benchmark_moe.py --tune writes them), else the defaults below.
 """
 
@@ -29,7 +30,7 @@ from vllm_volta import _custom_ops as ops
 from vllm_volta.model_executor.layers.moe_routing import align_block_size
 
 DECODE_MAX_TOKENS = 8  # default: the gemv path up to here (each pair re-reads its expert's rows)
-PATHS = ("gemv", "gemm")
+PATHS = ("gemv", "gemm", "host")
 BLOCK_SIZES = (16, 32, 64)
 ROWS_PER_BLOCK = (0, 2, 4, 8)
 # HF hidden_act -> the activation the kernels apply (SiLU, or GELU's tanh approximation).
@@ -37,12 +38,26 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"
 
 
 def default_config(tokens: int, num_experts: int, top_k: int, dtype: torch.dtype) -> dict[str, Any]:
-    """Launch parameters before tuning: gemv for decode sizes (and float32, which has no tensor-core
-    path); else blocks that the average expert fills (16 rows while experts get few pairs)."""
-    if tokens <= DECODE_MAX_TOKENS or dtype == torch.float32:
+    """Launch parameters before tuning: gemv for decode sizes; float32 batches (no tensor-core
+    path) on the host-grouped cuBLAS loop; else grouped GEMM blocks that the average expert fills
+    (16 rows while experts get few pairs)."""
+    if tokens <= DECODE_MAX_TOKENS:
         return {"path": "gemv", "rows_per_block": 0}
+    if dtype == torch.float32:
+        return {"path": "host"}
     per_expert = tokens * top_k / num_experts
     return {"path": "gemm", "block_size": 16 if per_expert < 16 else 32 if per_expert < 64 else 64}
+
+
+def capturable_config(config: dict[str, Any], tokens: int, num_experts: int, top_k: int,
+                      dtype: torch.dtype) -> dict[str, Any]:
+    """``config``, or where it names the host path (a host sync per call, which a CUDA graph
+    cannot hold) the device path for the capture: GEMVs for float32, else the grouped GEMM."""
+    if config["path"] != "host":
+        return config
+    if dtype == torch.float32:
+        return {"path": "gemv", "rows_per_block": 0}
+    return default_config(max(tokens, DECODE_MAX_TOKENS + 1), num_experts, top_k, dtype)
 
 
 def check_config(config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
@@ -91,6 +106,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     ``activation``: "silu" or "gelu_tanh" (values of ACTIVATIONS)."""
     if activation not in ("silu", "gelu_tanh"):
         raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    if config["path"] not in ("gemv", "gemm"):
+        raise ValueError(f"fused_experts runs the 'gemv' or 'gemm' path, got {config['path']!r}")
     tokens, top_k = ids.shape
     x = x.contiguous()
     if x.data_ptr() % 16:  # the kernels read 16-byte vectors (an offset view, rare)

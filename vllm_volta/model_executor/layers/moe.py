@@ -105,11 +105,11 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
         if x.is_cuda and self.device_path_reason() is None:
-            config = self._kernel_config(max(x.shape[0], 1), x.dtype)
-            # float32 has no tensor-core path: outside a graph capture its large batches go to
-            # cuBLAS per expert below (a host sync), faster than a GEMV per (token, expert) pair.
-            if x.dtype != torch.float32 or x.shape[0] <= fused_moe.DECODE_MAX_TOKENS or \
-                    torch.cuda.is_current_stream_capturing():
+            tokens = max(x.shape[0], 1)
+            config = self._kernel_config(tokens, x.dtype)
+            if torch.cuda.is_current_stream_capturing():  # no host path inside a graph
+                config = fused_moe.capturable_config(config, tokens, self.num_experts, self.top_k, x.dtype)
+            if config["path"] != "host":
                 info_once(logger, "MoE experts on the device (%s, %s): decode GEMVs or a grouped GEMM by "
                           "token count (fused_moe kernel configs, else GEMVs up to %d tokens)",
                           str(x.dtype).removeprefix("torch."), self.hidden_act, fused_moe.DECODE_MAX_TOKENS)
