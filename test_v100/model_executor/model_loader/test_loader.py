@@ -61,6 +61,17 @@ def test_dummy_weights_are_small_deterministic_and_run():
     assert logits.shape == (5, TINY["vocab_size"]) and torch.isfinite(logits).all()
 
 
+def test_dummy_fp8_weights_fill_and_run():
+    cfg = _config()
+    cfg.quantization_config = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                               "weight_block_size": [16, 16]}
+    model = get_model(_model_config(cfg, load_format="dummy", dtype=torch.float32), "cpu")
+    fp8 = [p for p in model.parameters() if p.dtype == torch.float8_e4m3fn]
+    assert fp8 and all(0 < p.float().abs().max() <= 1 for p in fp8)
+    logits = PagedRunner(model).step({"x": [1, 2, 3, 4, 5]})["x"]
+    assert torch.isfinite(logits).all()
+
+
 @pytest.fixture
 def checkpoint(tmp_path):
     save_random_hf_model(_config(), tmp_path)
