@@ -27,7 +27,7 @@ from setuptools.errors import SetupError
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "cmake"))
-from build_target import BuildPlan, check_extension_loads, plan_build  # noqa: E402
+from build_target import BuildPlan, check_extension_loads, force_cpu_requested, plan_build  # noqa: E402
 from build_tools import BuildStop, find_build_tools  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def _cmake_args(plan: BuildPlan, ninja: Path) -> list[str]:
         f"-DCMAKE_MAKE_PROGRAM={ninja}",
         f"-DPython_EXECUTABLE={plan.python}",
         f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
-        f"-DVLLM_VOLTA_FORCE_CPU={'ON' if os.environ.get('VLLM_VOLTA_FORCE_CPU') == '1' else 'OFF'}",
+        f"-DVLLM_VOLTA_FORCE_CPU={'ON' if force_cpu_requested(os.environ) else 'OFF'}",
         # CMake queries the torch again and stops if it does not reach the same decision.
         f"-DVLLM_VOLTA_EXPECT_CUDA={'ON' if plan.cuda else 'OFF'}",
         f"-DVLLM_VOLTA_CUDART={os.environ.get('VLLM_VOLTA_CUDART', 'static')}",

@@ -134,6 +134,11 @@ def decide_cuda(torch: TorchInfo, *, force_cpu: bool, nvcc: Path | None, nvcc_wh
     return True, notes
 
 
+def force_cpu_requested(environ: Mapping[str, str]) -> bool:
+    """VLLM_VOLTA_FORCE_CPU as a switch (1/true/yes/on), as vllm_volta.envs reads it."""
+    return environ.get("VLLM_VOLTA_FORCE_CPU", "").lower() in ("1", "true", "yes", "on")
+
+
 def plan_build(*, python: str, environ: Mapping[str, str], sys_path: list[str],
                probe: Callable[[str, Mapping[str, str]], dict] = probe_interpreter,
                release_of: Callable[[Path], tuple[int, int] | None] = nvcc_version) -> BuildPlan:
@@ -148,7 +153,7 @@ def plan_build(*, python: str, environ: Mapping[str, str], sys_path: list[str],
     if isolated:
         notes.append("pip's build isolation is on: its temporary environment is used for the "
                      "build tools only; torch is the one of the environment being installed into")
-    force_cpu = environ.get("VLLM_VOLTA_FORCE_CPU") == "1"
+    force_cpu = force_cpu_requested(environ)
     nvcc, where = None, "not looked up"
     if not force_cpu:
         try:

@@ -125,6 +125,14 @@ def _parse_fault_steps(value: str | None) -> int | None:
     return int(value)
 
 
+def _parse_cudart(value: str | None) -> str:
+    if value is None:
+        return "static"
+    if value not in ("static", "shared"):
+        raise ValueError(f"VLLM_VOLTA_CUDART={value!r} is not a linking mode; expected static or shared")
+    return value
+
+
 def _parse_backend_name(value: str | None) -> str | None:
     # Names are validated against the registry by the selector, which knows the full list.
     return None if value is None else value.upper()
@@ -197,6 +205,20 @@ ENV_VARS: dict[str, EnvVar] = {
             "vllm_volta/worker/driver_graph.py) or torch (torch.cuda.CUDAGraph, also the fallback "
             "where the driver path is not available).",
             _parse_graph_capture,
+        ),
+        # Read by setup.py / cmake/build_target.py when the extension is built (listed here so
+        # that every variable the project reads is in one place).
+        EnvVar(
+            "VLLM_VOLTA_FORCE_CPU",
+            "Build time: 1 builds the CPU kernels only (the V100 adapter functions), whatever torch "
+            "and nvcc are present.",
+            _parse_switch("VLLM_VOLTA_FORCE_CPU", False),
+        ),
+        EnvVar(
+            "VLLM_VOLTA_CUDART",
+            "Build time: how the CUDA runtime is linked into the extension, static (default) or "
+            "shared (then nvcc's CUDA major version must equal torch's).",
+            _parse_cudart,
         ),
         EnvVar(
             "VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS",
