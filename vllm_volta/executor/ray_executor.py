@@ -6,8 +6,9 @@ is running. A placement group reserves one bundle per rank ({"GPU": 1} on GPUs, 
 CPUs); each bundle holds an actor that hosts one rank's Worker. The ranks meet in
 torch.distributed (NCCL on GPUs, gloo on CPUs) through a TCP store on rank 0's node, which is
 the engine's node when it has a bundle. All ranks are actors: the engine process holds no
-device. Rank 0 (the driver) samples and its output is the step's; the others get the slim
-schedule MultiprocExecutor sends its workers. Calls and answers are dataclasses (WorkerInit,
+device. Rank 0 (the driver) samples and its output is the step's; it keeps copies of the
+requests, updated by deltas (ray_request_sync.py); the others get the slim schedule
+MultiprocExecutor sends its workers. Calls and answers are dataclasses (WorkerInit, DriverStep,
 SchedulerOutput, ModelRunnerOutput), pickled by Ray.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.executor.abstract import Executor
 from vllm_volta.executor.multiproc import slim_scheduler_output
-from vllm_volta.executor.ray_messages import WorkerInit, with_grammar_rows
+from vllm_volta.executor.ray_messages import WorkerInit
+from vllm_volta.executor.ray_request_sync import DriverScheduleEncoder
 from vllm_volta.executor.ray_utils import (RayWorkerActor, assign_ranks, forwarded_env,
                                            import_ray, tcp_init_method)
 from vllm_volta.logger import init_logger
@@ -60,6 +62,7 @@ class RayExecutor(Executor):
         self._ranks_ips: list[str] = []
         self._broken: str | None = None  # why the group can no longer run a step
         self._pg, self._owns_pg = None, False
+        self._encoder = DriverScheduleEncoder(self.vllm_config.model_config.get_vocab_size())
         if not ray.is_initialized():
             # Connects to a running cluster (RAY_ADDRESS, or one started on this node with
             # `ray start`), else starts a local instance.
@@ -139,13 +142,17 @@ class RayExecutor(Executor):
                 for p in self._placements]
 
     # ---- calls on every rank ------------------------------------------------------
-    def _submit(self, method: str, per_rank_args: list[tuple]) -> list[Any]:
+    def _submit(self, method: str, per_rank_args: list[tuple],
+                driver_method: str | None = None) -> list[Any]:
+        """Call `method` on every rank (`driver_method` on rank 0 when given)."""
         if not self.workers:
             raise RuntimeError("the engine has been shut down; build a new one")
         if self._broken is not None:
             raise RuntimeError(f"tensor-parallel worker failure: the group is broken "
                                f"({self._broken}); build a new engine")
-        return [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank_args)]
+        methods = [driver_method or method] + [method] * (self.world_size - 1)
+        return [getattr(w, m).remote(*args)
+                for w, m, args in zip(self.workers, methods, per_rank_args)]
 
     def _gather(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
         """Every rank's answer, by rank. A failed rank (dead actor or an exception) fails the
@@ -214,10 +221,21 @@ class RayExecutor(Executor):
         """Launch a step on every rank; the engine may schedule (and launch) the next step
         before reading this one (each actor runs its steps in launch order)."""
         slim = (slim_scheduler_output(scheduler_output),)
-        driver = with_grammar_rows(scheduler_output,
-                                   self.vllm_config.model_config.get_vocab_size())
-        refs = self._submit("execute_model", [(driver,)] + [slim] * (self.world_size - 1))
-        return _RayPending(lambda: self._gather(refs, "execute_model"))
+        try:
+            refs = self._submit("execute_model",
+                                [(self._encoder.encode(scheduler_output),)]
+                                + [slim] * (self.world_size - 1), "execute_driver_step")
+        except BaseException:
+            self._encoder.reset()
+            raise
+        return _RayPending(lambda: self._collect_step(refs))
+
+    def _collect_step(self, refs: list[Any]) -> list[Any]:
+        try:
+            return self._gather(refs, "execute_model")
+        except BaseException:
+            self._encoder.reset()  # rank 0 may or may not have taken the step's deltas
+            raise
 
     # ---- shutdown -------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,9 +1,9 @@
 """What travels between RayExecutor and its rank actors, besides SchedulerOutput and
-ModelRunnerOutput: the start-up message, and the step's grammar masks in place of matchers."""
+ModelRunnerOutput: the start-up message, rank 0's step (requests as deltas), and the step's
+grammar masks in place of matchers."""
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,28 +35,30 @@ class BitmaskRow:
         bitmask[index].copy_(self.words)
 
 
-def with_grammar_rows(out: SchedulerOutput, vocab_size: int) -> SchedulerOutput:
-    """`out` with each grammar matcher replaced by this step's bitmask row (read at launch,
-    as the model runner would read the matcher in the engine's process); `out` itself when no
-    request has a grammar."""
-    if not any(s.request.grammar is not None for s in out.scheduled) and not any(
-            r.grammar is not None for r in out.errored):
-        return out
+def grammar_row(grammar: Any, samples: bool, vocab_size: int) -> BitmaskRow | None:
+    """What rank 0 gets for a request's matcher this step: its allowed-token row when the
+    request samples (read now, as the model runner would read the matcher in the engine's
+    process at launch), else nothing (only sampling rows read a mask)."""
+    if grammar is None or not samples:
+        return None
     from vllm_volta.structured_output import fill_bitmask
-    errored = [r if r.grammar is None else _without_grammar(r) for r in out.errored]
-    scheduled = []
-    for s in out.scheduled:
-        if s.request.grammar is not None:
-            request = copy.copy(s.request)
-            # Only a sampling row reads its mask; the others just drop the matcher.
-            request.grammar = (BitmaskRow(fill_bitmask([s.request.grammar], vocab_size)[0])
-                               if s.samples else None)
-            s = replace(s, request=request)
-        scheduled.append(s)
-    return replace(out, scheduled=scheduled, errored=errored)
+    return BitmaskRow(fill_bitmask([grammar], vocab_size)[0])
 
 
-def _without_grammar(request: Any) -> Any:
-    request = copy.copy(request)
-    request.grammar = None
-    return request
+@dataclass
+class RequestDelta:
+    """A request rank 0 already holds: the output tokens sampled since it was last sent, and
+    every other attribute that may have changed (counters, status, this step's grammar row)."""
+
+    request_id: str
+    new_output_token_ids: list[int]
+    state: dict[str, Any]
+
+
+@dataclass
+class DriverStep:
+    """Rank 0's step: the schedule, whose requests are whole (first sight) or RequestDelta;
+    `reset` drops every request rank 0 holds first (after a failed step: resent whole)."""
+
+    schedule: SchedulerOutput
+    reset: bool = False

@@ -16,7 +16,8 @@ import torch
 from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput
-from vllm_volta.executor.ray_messages import WorkerInit
+from vllm_volta.executor.ray_messages import DriverStep, WorkerInit
+from vllm_volta.executor.ray_request_sync import RankZeroRequests
 from vllm_volta.worker.worker import Worker
 
 RAY_INSTALL_HINT = 'pip install -e ".[ray]"'
@@ -122,6 +123,7 @@ class RayWorkerActor:
 
     def __init__(self) -> None:
         self.worker: RayWorker | None = None
+        self.requests = RankZeroRequests()  # used on rank 0 only
 
     def node_info(self) -> NodeInfo:
         import ray
@@ -162,6 +164,10 @@ class RayWorkerActor:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
+
+    def execute_driver_step(self, step: DriverStep) -> ModelRunnerOutput:
+        """Rank 0's step: its copies of the requests brought up to date, then run."""
+        return self.worker.execute_model(self.requests.decode(step))
 
     def shutdown(self) -> None:
         if self.worker is not None:
