@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_v100.csrc.op_cases import skip_unsupported
 from vllm_volta.model_executor.layers import fused_moe
 from vllm_volta.model_executor.layers.moe import MoE, supports_cuda_graphs
 from vllm_volta.model_executor.layers.moe_routing import align_reference, select_experts
@@ -112,8 +113,7 @@ def _reference(moe, x):
 @pytest.mark.parametrize("e,k,hidden,inter,act", [(8, 2, 256, 512, "silu"), (60, 4, 128, 72, "silu"),
                                                    (128, 8, 512, 96, "silu"), (16, 4, 256, 64, "gelu_pytorch_tanh")])
 def test_device_path_matches_float64_and_the_host_path(dtype, tokens, e, k, hidden, inter, act):
-    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("bfloat16 needs SM80+")
+    skip_unsupported("cuda", dtype)  # bfloat16: an SM80+ GPU and a build with BF16 kernels
     moe = _moe(e, k, hidden, inter, dtype, hidden_act=act)
     assert moe.device_path_reason() is None
     x = torch.randn(tokens, hidden, device="cuda").to(dtype)
