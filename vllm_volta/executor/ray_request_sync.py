@@ -2,10 +2,11 @@
 
 Rank 0 samples, so its model runner reads the requests themselves (sampling params, output
 tokens for penalties, grammar). In MultiprocExecutor it shares the engine's objects; a Ray actor
-gets copies. Sending every request whole every step costs O(batch x sequence length) of pickling
-(256 requests of 1000 tokens: 1.5 MB, 14 ms on one CPU core) where a delta is O(batch): a
-request goes whole once, then as its new output tokens and its other attributes. Rank 0's copy
-then equals the engine's request in every attribute the runner can read.
+gets copies. Sending every request whole every step costs O(batch x sequence length) where a
+delta is O(batch): a request goes whole once, then as its new output tokens and its other
+attributes. (256 requests of 1000 tokens, pickled and unpickled on a shared 2-core development
+machine: 1.5 MB and 48 ms whole, 74 kB and 7.5 ms as deltas, encoding and decoding included.)
+Rank 0's copy then equals the engine's request in every attribute the runner can read.
 """
 from __future__ import annotations
 
