@@ -91,13 +91,16 @@ def test_sliding_groups_return_their_blocks_while_running(models):
     assert kv.get_num_free_blocks() == free_before
 
 
-def test_preemption_with_groups_gives_the_same_tokens(models):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_preemption_with_groups_gives_the_same_tokens(models, async_scheduling):
+    """With async scheduling, blocks leave the window while the previous step is still running."""
     path, _ = models["gemma2"]
     prompts = random_prompts(6, 10, 30, seed=7)
     reference = tokens(run(make_engine(path, block_size=4), prompts, PARAMS))
     # 30 usable blocks: a request of 54 tokens holds 14 in the full group and up to 4 in the
     # sliding one, so six of them preempt each other.
-    engine = make_engine(path, block_size=4, num_gpu_blocks_override=31, max_num_batched_tokens=32)
+    engine = make_engine(path, block_size=4, num_gpu_blocks_override=31, max_num_batched_tokens=32,
+                         async_scheduling=async_scheduling)
     outs = run(engine, prompts, PARAMS)
     assert engine.get_stats().num_preemptions_total > 0
     assert tokens(outs) == reference
