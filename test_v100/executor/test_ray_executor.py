@@ -138,26 +138,48 @@ def ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
-def _run_in_netns(model: Path, out_path: Path, engine_kwargs: dict, num_gpus: int,
-                  timeout: float) -> dict:
-    """A Ray head of 3 CPUs and `num_gpus` GPUs on 127.0.0.1 in a new network namespace, and
-    ray_scenario next to it."""
-    code = ("import json, sys; from test_v100.executor.test_ray_executor import ray_scenario; "
-            "ray_scenario(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "RAY_USAGE_STATS_ENABLED": "0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
-    # The namespace is the child's own: Ray's default port cannot clash with anything.
-    env["RAY_ADDRESS"] = "127.0.0.1:6379"
-    env["RAY_AUTH_MODE"] = "disabled"  # loopback only, in a namespace of its own
-    ray_cli = f'"{sys.executable}" -m ray.scripts.scripts'
-    # In a PID namespace too: `ray stop` sees only this head's processes, and whatever is
-    # left when the shell exits is killed with the namespace.
-    script = (f'ip link set lo up && {ray_cli} start --head --node-ip-address=127.0.0.1 '
-              f'--port=6379 --num-cpus=3 --num-gpus={num_gpus} --include-dashboard=false '
-              f'--temp-dir="$RAY_TMP" 1>&2 && "$0" "$@"; rc=$?; '
-              f'{ray_cli} stop >/dev/null 2>&1; exit $rc')
+def local_ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
+    """Runs in the child with no Ray running: the executor starts a local instance, and the
+    engine's shutdown stops it."""
+    import ray
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=model, tensor_parallel_size=2, distributed_executor_backend="ray", **engine_kwargs))
+    try:
+        result = {"started": ray.is_initialized(),
+                  "greedy": _summary(run(engine, PROMPTS[:1], SamplingParams(**GREEDY)))}
+    finally:
+        engine.shutdown()
+    result["stopped"] = not ray.is_initialized()
+    Path(out_path).write_text(json.dumps(result))
+
+
+def _run_in_netns(scenario: str, model: Path, out_path: Path, engine_kwargs: dict,
+                  num_gpus: int | None, timeout: float) -> dict:
+    """`scenario` (a function of this module) in a child in new network and PID namespaces,
+    next to a Ray head of 3 CPUs and `num_gpus` GPUs started with `ray start` on 127.0.0.1, or
+    with no Ray running when `num_gpus` is None."""
+    code = (f"import json, sys; from test_v100.executor.test_ray_executor import {scenario}; "
+            f"{scenario}(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
     ray_tmp = tempfile.mkdtemp(prefix="vvray")  # short: Ray's socket paths must stay < 108 chars
-    env["RAY_TMP"] = ray_tmp
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_USAGE_STATS_ENABLED": "0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
+           "RAY_AUTH_MODE": "disabled",  # loopback only, in a namespace of its own
+           "RAY_TMPDIR": ray_tmp}  # never the host's /tmp/ray (another cluster's address file)
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = f'"{sys.executable}" -m ray.scripts.scripts'
+    if num_gpus is None:
+        # A Ray that the executor starts picks its node IP itself: loopback, by this switch.
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        script = 'ip link set lo up && exec "$0" "$@"'
+    else:
+        # The namespace is the child's own: Ray's default port cannot clash with anything. In
+        # a PID namespace too: `ray stop` sees only this head's processes, and whatever is
+        # left when the shell exits is killed with the namespace.
+        env["RAY_ADDRESS"] = "127.0.0.1:6379"
+        script = (f'ip link set lo up && {ray_cli} start --head --node-ip-address=127.0.0.1 '
+                  f'--port=6379 --num-cpus=3 --num-gpus={num_gpus} --include-dashboard=false '
+                  f'--temp-dir="$RAY_TMPDIR/ray" 1>&2 && "$0" "$@"; rc=$?; '
+                  f'{ray_cli} stop >/dev/null 2>&1; exit $rc')
     cmd = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", script,
            sys.executable, "-c", code, str(model), str(out_path), json.dumps(engine_kwargs)]
     try:
@@ -175,8 +197,8 @@ def check_ray_tp2(tmp_path_factory, tmp_path, **engine_kwargs) -> None:
     # 4 heads, 2 kv heads: 1 per rank; a tokenizer for the structured-output request.
     path = tiny_model_dir(tmp_path_factory, "qwen2", with_tokenizer=True)
     on_gpu = torch.cuda.is_available()
-    seen = _run_in_netns(path, tmp_path / "result.json", engine_kwargs, num_gpus=2 if on_gpu else 0,
-                         timeout=240)
+    seen = _run_in_netns("ray_scenario", path, tmp_path / "result.json", engine_kwargs,
+                         num_gpus=2 if on_gpu else 0, timeout=240)
     assert seen["executor"] == "RayExecutor"
     resource = "GPU" if on_gpu else "CPU"
     assert f"tensor_parallel_size=4 needs 4 {resource}s in the Ray cluster" in seen["too_many_error"]
@@ -239,6 +261,20 @@ def test_ray_worker_mirrors_worker(tmp_path_factory):
     assert set(vars(ray_worker.model_runner)) == set(vars(plain.model_runner))
     assert (ray_worker.rank, ray_worker.world_size, ray_worker.device) == (0, 1, plain.device)
     assert ray_worker.model_runner.is_driver
+
+
+@needs_ray
+@needs_netns
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) tensor parallelism")
+def test_ray_started_by_the_executor_when_none_runs(tmp_path_factory, tmp_path):
+    path = tiny_model_dir(tmp_path_factory, "qwen2")
+    seen = _run_in_netns("local_ray_scenario", path, tmp_path / "result.json",
+                         {"skip_tokenizer_init": True, "cpu_kvcache_space": 0.01},
+                         num_gpus=None, timeout=180)
+    import transformers
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert seen["greedy"][0]["tokens"] == hf_greedy(hf_model, PROMPTS[0], 5)
+    assert seen["started"] and seen["stopped"]
 
 
 def test_missing_ray_is_a_clear_error(tmp_path_factory, monkeypatch):
