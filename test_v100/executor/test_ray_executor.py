@@ -316,9 +316,12 @@ def test_ranks_follow_nodes_and_gpus():
 def test_ranks_get_the_engines_settings_but_no_secrets(monkeypatch):
     from vllm_volta.executor.ray_utils import forwarded_env
     for key, value in (("NCCL_SOCKET_IFNAME", "eth0"), ("VLLM_VOLTA_DEVICE_CAPABILITY", "7.0"),
-                       ("HF_HOME", "/models"), ("HF_TOKEN", "secret"), ("PATH_UNRELATED", "x")):
+                       ("HF_HOME", "/models"), ("HF_TOKEN", "secret"), ("PATH_UNRELATED", "x"),
+                       ("OMP_NUM_THREADS", "8")):
         monkeypatch.setenv(key, value)
     env = forwarded_env()
-    assert {k: env.get(k) for k in ("NCCL_SOCKET_IFNAME", "VLLM_VOLTA_DEVICE_CAPABILITY", "HF_HOME")} == {
-        "NCCL_SOCKET_IFNAME": "eth0", "VLLM_VOLTA_DEVICE_CAPABILITY": "7.0", "HF_HOME": "/models"}
+    kept = ("NCCL_SOCKET_IFNAME", "VLLM_VOLTA_DEVICE_CAPABILITY", "HF_HOME", "OMP_NUM_THREADS")
+    assert {k: env.get(k) for k in kept} == {
+        "NCCL_SOCKET_IFNAME": "eth0", "VLLM_VOLTA_DEVICE_CAPABILITY": "7.0", "HF_HOME": "/models",
+        "OMP_NUM_THREADS": "8"}
     assert "HF_TOKEN" not in env and "PATH_UNRELATED" not in env

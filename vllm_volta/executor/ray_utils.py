@@ -22,8 +22,10 @@ from vllm_volta.worker.worker import Worker
 
 RAY_INSTALL_HINT = 'pip install -e ".[ray]"'
 
-# Environment a rank must see as the engine does, wherever Ray starts it.
-_FORWARDED_ENV_PREFIXES = ("VLLM_VOLTA_", "NCCL_", "GLOO_", "HF_", "TRANSFORMERS_", "TORCH_")
+# Environment a rank must see as the engine does, wherever Ray starts it. OMP_NUM_THREADS: Ray
+# gives a CPU rank's actor one thread per reserved CPU (one) unless told otherwise.
+_FORWARDED_ENV_PREFIXES = ("VLLM_VOLTA_", "NCCL_", "GLOO_", "HF_", "TRANSFORMERS_", "TORCH_",
+                           "OMP_")
 
 
 def import_ray() -> Any:
