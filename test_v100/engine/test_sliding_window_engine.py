@@ -12,7 +12,8 @@ from vllm_volta.core.grouped_kv_cache_manager import GroupedKVCacheManager
 from vllm_volta.sampling_params import SamplingParams
 
 WINDOW = 8
-PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+NEW_TOKENS = 16
+PARAMS = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 # Gemma 3 with two sliding layers to one full one (groups: full, sliding, sliding); Mistral and
 # Phi-3 with a window in every layer (one sliding group).
 ARCHS = {
@@ -40,21 +41,33 @@ def _save(path, arch: str, seed: int):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """arch -> (model dir, greedy(prompt) -> transformers' NEW_TOKENS tokens, memoized)."""
     out = {}
     for seed, arch in enumerate(ARCHS):
         path = tmp_path_factory.mktemp(f"sw_{arch}")
-        out[arch] = (path, _save(path, arch, seed))
+        out[arch] = (path, _memo_greedy(_save(path, arch, seed)))
     return out
 
 
+def _memo_greedy(hf_model):
+    cache: dict[tuple[int, ...], list[int]] = {}
+
+    def greedy(prompt: list[int]) -> list[int]:
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = hf_greedy(hf_model, prompt, NEW_TOKENS)
+        return cache[key]
+    return greedy
+
+
 def _prompts():
-    return random_prompts(3, 25, 45, seed=4)
+    return random_prompts(2, 25, 45, seed=4)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_greedy_past_the_window_matches_transformers(models, arch):
     """Blocks of 4 under a window of 8; a 16-token budget chunks the prompts past the window."""
-    path, hf_model = models[arch]
+    path, greedy = models[arch]
     engine = make_engine(path, block_size=4, max_num_batched_tokens=16)
     kv = engine.scheduler.kv_cache_manager
     assert isinstance(kv, GroupedKVCacheManager) and kv.layout.frees_blocks
@@ -63,15 +76,15 @@ def test_greedy_past_the_window_matches_transformers(models, arch):
     prompts = _prompts()
     outs = run(engine, prompts, PARAMS)
     for prompt, out in zip(prompts, outs):
-        assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 24)
+        assert list(out.outputs[0].token_ids) == greedy(prompt)
     assert kv.get_num_free_blocks() == kv.num_usable_blocks
 
 
 def test_sliding_groups_return_their_blocks_while_running(models):
-    path, hf_model = models["gemma3"]
+    path, greedy = models["gemma3"]
     engine = make_engine(path, block_size=4)
     kv = engine.scheduler.kv_cache_manager
-    prompt = random_prompts(1, 40, 40, seed=9)[0]
+    prompt = random_prompts(1, 48, 48, seed=9)[0]
     engine.add_request("long", prompt, PARAMS)
     free_before = kv.get_num_free_blocks()
     out = None
@@ -87,18 +100,18 @@ def test_sliding_groups_return_their_blocks_while_running(models):
     for ids in sliding:
         assert len(ids) == 16 and ids[:13] == [0] * 13 and 0 not in ids[14:]
     assert held <= 16 + 2 * 3 < 3 * 16
-    assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, 24)
+    assert list(out.outputs[0].token_ids) == greedy(prompt)
     assert kv.get_num_free_blocks() == free_before
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
 def test_preemption_with_groups_gives_the_same_tokens(models, async_scheduling):
     """With async scheduling, blocks leave the window while the previous step is still running."""
-    path, _ = models["gemma2"]
-    prompts = random_prompts(6, 10, 30, seed=7)
-    reference = tokens(run(make_engine(path, block_size=4), prompts, PARAMS))
-    # 30 usable blocks: a request of 54 tokens holds 14 in the full group and up to 4 in the
-    # sliding one, so six of them preempt each other.
+    path, greedy = models["gemma2"]
+    prompts = random_prompts(4, 20, 30, seed=7)
+    reference = [greedy(p) for p in prompts]
+    # 30 usable blocks: a request of up to 46 tokens holds 12 in the full group and up to 10 in
+    # the sliding one (a 32-token step), so four of them preempt each other.
     engine = make_engine(path, block_size=4, num_gpu_blocks_override=31, max_num_batched_tokens=32,
                          async_scheduling=async_scheduling)
     outs = run(engine, prompts, PARAMS)
@@ -111,7 +124,7 @@ def test_preemption_with_groups_gives_the_same_tokens(models, async_scheduling):
 def test_prefix_cache_hits_keep_transformers_tokens(models, arch):
     """A repeated prompt adopts the full group's whole prefix and the sliding groups' last window
     (blocks the first request returned, still cached in the pool)."""
-    path, hf_model = models[arch]
+    path, greedy = models[arch]
     engine = make_engine(path, block_size=4)
     assert engine.scheduler.kv_cache_manager.enable_caching
     prompt = random_prompts(1, 33, 33, seed=11)[0]
@@ -119,7 +132,7 @@ def test_prefix_cache_hits_keep_transformers_tokens(models, arch):
     first = run(engine, [prompt], PARAMS)
     second = run(engine, [prompt, other], PARAMS)
     assert [o.num_cached_tokens for o in first + second] == [0, 32, 20]
-    assert tokens(first + second) == [hf_greedy(hf_model, p, 24) for p in (prompt, prompt, other)]
+    assert tokens(first + second) == [greedy(p) for p in (prompt, prompt, other)]
     assert engine.get_stats().prefix_cache_hits_total == 52
 
 
