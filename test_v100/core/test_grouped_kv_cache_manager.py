@@ -185,3 +185,24 @@ def test_windows_of_any_size_keep_what_the_next_token_reads(make_request, window
         assert all(ids[i] != 0 for i in needed)
         assert all(ids[i] == 0 for i in range(len(ids)) if (i + 1) * 4 <= pos - window + 1)
         req.num_computed_tokens += 1
+
+
+def test_failed_step_restarts_sliding_requests_on_fresh_blocks(make_request):
+    """A later step may have returned blocks the failed one still needed: the request starts over,
+    and nothing the failed step was to write stays registered for prefix caching."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=256)
+    sched = Scheduler(config, 64, 4, True, kv_cache_layout=layout())
+    kv = sched.kv_cache_manager
+    req = make_request(range(20), max_tokens=4)
+    sched.add_request(req)
+    first = sched.schedule()  # tokens 0..7
+    sched.update_from_output(first, {})
+    second = sched.schedule()  # tokens 8..15: registers blocks 2, 3
+    assert req.num_computed_tokens == 16 and len(kv.pool._cached) == 8
+    sched.step_failed(second)
+    assert req.num_computed_tokens == 0 and kv.get_group_block_ids(req.request_id) == ([], [])
+    assert kv.get_num_free_blocks() == 63
+    cached = kv.pool._cached  # blocks 0, 1 of both groups were computed by the first step
+    assert len(cached) == 4
+    third = sched.schedule()  # starts over (the running request re-allocates from 0)
+    assert third.scheduled[0].num_computed_tokens == 0 and third.scheduled[0].num_new_tokens == 8
