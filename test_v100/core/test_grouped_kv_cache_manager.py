@@ -206,3 +206,47 @@ def test_failed_step_restarts_sliding_requests_on_fresh_blocks(make_request):
     assert len(cached) == 4
     third = sched.schedule()  # starts over (the running request re-allocates from 0)
     assert third.scheduled[0].num_computed_tokens == 0 and third.scheduled[0].num_new_tokens == 8
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_random_schedules_keep_ref_counts_and_windows(make_request, caching):
+    """Many steps of random requests (shared prefixes, chunked prompts, preemption): every block's
+    ref count is the number of table entries naming it, free + held = usable, and each scheduled
+    step's table entries cover what its tokens read (the window before them and themselves)."""
+    import random
+    rng = random.Random(0)
+    three = plan_kv_cache_groups([SlidingWindowSpec(2, 8, F16, sliding_window=6), FullAttentionSpec(2, 8, F16),
+                                  SlidingWindowSpec(2, 8, F16, sliding_window=11)], 4)
+    config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=128)
+    sched = Scheduler(config, 48, 4, caching, kv_cache_layout=three)
+    kv = sched.kv_cache_manager
+    prefix = [rng.randrange(4, 300) for _ in range(20)]
+    for step in range(300):
+        if step < 200 and rng.random() < 0.3:
+            head = prefix[:rng.randrange(0, 21)]
+            sched.add_request(make_request(head + [rng.randrange(4, 300) for _ in range(rng.randrange(1, 30))],
+                                           max_tokens=rng.randrange(1, 25)))
+        out = sched.schedule()
+        counts: dict[int, int] = {}
+        for rid in kv._tables:
+            for ids in kv.get_group_block_ids(rid):
+                for i in ids:
+                    if i:
+                        counts[i] = counts.get(i, 0) + 1
+        for block in kv.pool.blocks[1:]:
+            assert block.ref_cnt == counts.get(block.block_id, 0)
+        assert kv.get_num_free_blocks() + len(counts) == kv.num_usable_blocks
+        for s in out.scheduled:
+            for g, ids in enumerate(s.group_block_ids):
+                group = kv.groups[g]
+                start = s.num_computed_tokens - (group.sliding_window or 10**9) + 1
+                for pos in range(max(start, 0), s.num_computed_tokens + s.num_new_tokens):
+                    assert ids[pos // group.block_size] != 0
+        sched.update_from_output(out, {s.req_id: [rng.randrange(4, 300)] for s in out.scheduled if s.samples})
+    assert sched.num_preemptions > 0
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        sched.update_from_output(out, {s.req_id: [5] for s in out.scheduled if s.samples})
+    assert kv.get_num_free_blocks() == kv.num_usable_blocks
+    if caching:
+        assert kv.prefix_cache_stats.hits > 0
