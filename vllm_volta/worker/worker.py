@@ -6,6 +6,7 @@ import gc
 import torch
 
 from vllm_volta.config import VllmConfig
+from vllm_volta.core.kv_cache_groups import KVCacheLayout
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput, PendingOutput
@@ -119,14 +120,19 @@ class Worker:
                     total / 2**30, peak_torch / 2**30, non_torch / 2**30)
         return max(budget, 0)
 
-    def initialize_cache(self, num_blocks: int) -> None:
+    def initialize_cache(self, num_blocks: int) -> KVCacheLayout:
+        """Allocate the cache (and capture graphs). Returns the KV-cache layout, which the
+        scheduler must hand out blocks by: it is also put on this config's scheduler_config
+        (``kv_cache_layout``), which is the engine's own where this worker runs in its process;
+        an executor whose ranks run elsewhere sets it from this return value."""
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
-        # The scheduler (built next, from this config) hands out blocks per KV-cache group.
-        self.vllm_config.scheduler_config.kv_cache_layout = self.model_runner.kv_cache_layout()
+        layout = self.model_runner.kv_cache_layout()
+        self.vllm_config.scheduler_config.kv_cache_layout = layout
         self.model_runner.initialize_kv_caches(num_blocks)
         if self.rank == 0:
             self._log_cache(num_blocks)
         self._maybe_capture_cuda_graphs(self.vllm_config.scheduler_config.max_num_seqs)
+        return layout
 
     def _log_cache(self, num_blocks: int) -> None:
         mc = self.vllm_config.model_config
