@@ -37,6 +37,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&causal_conv1d_update));
   m.impl("causal_conv1d_fn", TORCH_BOX(&causal_conv1d_fn));
+  m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm));
   m.impl("topk_softmax", TORCH_BOX(&topk_softmax));
   m.impl("topk_sigmoid", TORCH_BOX(&topk_sigmoid));
   m.impl("moe_align_block_size", TORCH_BOX(&moe_align_block_size));

@@ -190,4 +190,37 @@ inline ConvArgs check_causal_conv1d_args(const char* op, const Tensor& out, cons
   return r;
 }
 
+// gated_rms_norm(out, x, gate, weight, epsilon): x / gate / out [N, heads * dim] (rows may be
+// strided, each row contiguous), weight [dim]; the norm runs over each head's dim entries.
+struct GatedNormArgs {
+  int64_t tokens, width, dim;
+  int64_t out_stride, x_stride, gate_stride;
+};
+
+inline GatedNormArgs check_gated_rms_norm_args(const Tensor& out, const Tensor& x, const Tensor& gate,
+                                               const Tensor& weight, double epsilon) {
+  const char* op = "gated_rms_norm";
+  check_float_dtype(op, "x", x);
+  check_epsilon(op, epsilon);
+  const Tensor* rows[] = {&out, &x, &gate};
+  const char* names[] = {"out", "x", "gate"};
+  RowLayout layouts[3];
+  for (int i = 0; i < 3; ++i)
+    VLLM_VOLTA_CHECK(rows[i]->dim() == 2, op, ": '", names[i], "' must be 2-D [tokens, heads * dim], got ",
+                    rows[i]->dim(), " dimensions");
+  for (int i = 0; i < 3; ++i) {
+    check_same_dtype(op, names[i], *rows[i], x, "x");
+    check_same_device(op, names[i], *rows[i], x, "x");
+    check_same_shape(op, names[i], *rows[i], x, "x");
+    layouts[i] = row_layout(op, names[i], *rows[i]);
+  }
+  check_vector_1d(op, "weight", weight, x.scalar_type(), dtype_name(x.scalar_type()));
+  check_same_device(op, "weight", weight, x, "x");
+  GatedNormArgs r{x.size(0), x.size(1), weight.size(0), layouts[0].row_stride, layouts[1].row_stride,
+                  layouts[2].row_stride};
+  VLLM_VOLTA_CHECK(r.dim > 0 && r.width % r.dim == 0, op, ": the rows' width ", r.width,
+                  " must be a multiple of 'weight''s size ", r.dim, " (heads x dim)");
+  return r;
+}
+
 }  // namespace vllm_volta

@@ -5,6 +5,7 @@
 #include "gdn_checks.h"
 #include "kernels/causal_conv1d.cuh"
 #include "kernels/gated_delta_rule.cuh"
+#include "kernels/gated_rms_norm.cuh"
 #include "ops.h"
 
 #include <algorithm>
@@ -222,6 +223,28 @@ void causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor>
       }
       causal_conv1d_state_kernel<T, W><<<dim3(chan_blocks, static_cast<unsigned>(r.seqs)), kConvThreads, 0, stream>>>(p);
     });
+  });
+  check_launch(op);
+}
+
+void gated_rms_norm(Tensor out, Tensor x, Tensor gate, Tensor weight, double epsilon) {
+  const char* op = "gated_rms_norm";
+  const GatedNormArgs r = check_gated_rms_norm_args(out, x, gate, weight, epsilon);
+  check_cuda(op, "x", x);
+  const int64_t num_rows = r.tokens * (r.width / r.dim);
+  if (num_rows == 0) return;
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const cudaStream_t stream = current_stream(x);
+  const int64_t rows_per_block = kGatedNormThreads / 32;
+  const unsigned blocks = static_cast<unsigned>(ceil_div(num_rows, rows_per_block));
+  dispatch_float_type(op, x, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const GatedNormParams<T> p{static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                               static_cast<const T*>(gate.data_ptr()), static_cast<const T*>(weight.data_ptr()),
+                               r.out_stride, r.x_stride, r.gate_stride, num_rows,
+                               static_cast<int>(r.width / r.dim), static_cast<int>(r.dim),
+                               static_cast<float>(epsilon)};
+    gated_rms_norm_kernel<T><<<blocks, kGatedNormThreads, 0, stream>>>(p);
   });
   check_launch(op);
 }

@@ -72,6 +72,7 @@ void meta_causal_conv1d_update(Tensor out, Tensor x, Tensor weight, std::optiona
 void meta_causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
                            Tensor query_start_loc, Tensor state_slots, std::optional<Tensor> has_initial_state,
                            bool silu);
+void meta_gated_rms_norm(Tensor out, Tensor x, Tensor gate, Tensor weight, double epsilon);
 
 #ifdef USE_CUDA
 // ---- native CUDA kernels (csrc/*_kernels.cu) ----
@@ -142,6 +143,7 @@ void causal_conv1d_update(Tensor out, Tensor x, Tensor weight, std::optional<Ten
                           Tensor state_slots, bool silu);
 void causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Tensor> bias, Tensor conv_state,
                       Tensor query_start_loc, Tensor state_slots, std::optional<Tensor> has_initial_state, bool silu);
+void gated_rms_norm(Tensor out, Tensor x, Tensor gate, Tensor weight, double epsilon);
 #endif
 
 }  // namespace vllm_volta

@@ -155,6 +155,9 @@ void meta_causal_conv1d_fn(Tensor out, Tensor x, Tensor weight, std::optional<Te
   check_causal_conv1d_args("causal_conv1d_fn", out, x, weight, bias, conv_state, state_slots, query_start_loc,
                            has_initial_state);
 }
+void meta_gated_rms_norm(Tensor out, Tensor x, Tensor gate, Tensor weight, double epsilon) {
+  check_gated_rms_norm_args(out, x, gate, weight, epsilon);
+}
 
 }  // namespace vllm_volta
 
@@ -233,6 +236,9 @@ STABLE_TORCH_LIBRARY(_C, m) {
         "Tensor state_slots, bool silu) -> ()");
   m.def("causal_conv1d_fn(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor! conv_state, "
         "Tensor query_start_loc, Tensor state_slots, Tensor? has_initial_state, bool silu) -> ()");
+  // Gated RMSNorm before out_proj: x / gate / out [N, heads * dim], each head's dim entries
+  // normalized (weight [dim]) and multiplied by silu(gate).
+  m.def("gated_rms_norm(Tensor! out, Tensor x, Tensor gate, Tensor weight, float epsilon) -> ()");
   // Mixture of experts (vLLM's schemas where vLLM has the op). Routing: each token's top_k experts
   // by softmax (sigmoid) score of gating_output [T, E]: weights float32, ids int32, largest first.
   m.def("topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor! token_expert_indices, "
@@ -283,6 +289,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&meta_gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&meta_causal_conv1d_update));
   m.impl("causal_conv1d_fn", TORCH_BOX(&meta_causal_conv1d_fn));
+  m.impl("gated_rms_norm", TORCH_BOX(&meta_gated_rms_norm));
   m.impl("topk_softmax", TORCH_BOX(&meta_topk_softmax));
   m.impl("topk_sigmoid", TORCH_BOX(&meta_topk_sigmoid));
   m.impl("moe_align_block_size", TORCH_BOX(&meta_moe_align_block_size));

@@ -303,6 +303,14 @@ def causal_conv1d_fn(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
                                   has_initial_state, silu)
 
 
+def gated_rms_norm(out: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                   epsilon: float) -> None:
+    """Gated DeltaNet's norm before out_proj: each head's ``weight.numel()`` entries of ``x``
+    [N, heads * dim] RMS-normalized, times ``weight``, times silu(``gate``) (FP32 math, rounded
+    as transformers' RMSNormGated); rows of x / gate / out may be strided. CUDA only."""
+    torch.ops._C.gated_rms_norm(out, x, gate, weight, epsilon)
+
+
 def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
                  gating_output: torch.Tensor) -> None:
     """Each token's top-k experts by softmax of ``gating_output`` [T, E] (FP32 math): ``topk_weights``

@@ -62,11 +62,11 @@ NVRTC_UNITS = {
     ],
     "kernels/paged_attention.cuh": [
         f"&vllm_volta::paged_attention_decode_kernel<{t}, {d}, {hpb}, {exact}>"
-        for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256)
+        for t in ("__half", "float", "__nv_bfloat16") for d in (64, 96, 128, 256, 512)
         for hpb, exact in ((1, "true"), (8, "true"), (8, "false"))
     ] + [f"&vllm_volta::paged_attention_reduce_kernel<{t}>" for t in ("__half", "float", "__nv_bfloat16")],
     "kernels/paged_attention_tc.cuh": [f"&vllm_volta::paged_attention_decode_tc_kernel<{t}, {d}>"
-                                       for t in ("__half", "__nv_bfloat16") for d in (64, 96, 128, 256)],
+                                       for t in ("__half", "__nv_bfloat16") for d in (64, 96, 128, 256, 512)],
     "kernels/cache.cuh": [f"&vllm_volta::reshape_and_cache_kernel<{t}, {v}>"
                           for t, v in (("__half", 8), ("__half", 1), ("float", 4), ("__nv_bfloat16", 8))],
     "kernels/rotary.cuh": [f"&vllm_volta::rotary_embedding_kernel<{t}, {w}, {neox}, {cache}>"
@@ -92,6 +92,8 @@ NVRTC_UNITS = {
     "kernels/causal_conv1d.cuh": [f"&vllm_volta::causal_conv1d_{k}_kernel<{t}, {w}>"
                                   for k in ("update", "fwd", "state")
                                   for t in ("__half", "float", "__nv_bfloat16") for w in (2, 3, 4)],
+    "kernels/gated_rms_norm.cuh": [f"&vllm_volta::gated_rms_norm_kernel<{t}>"
+                                   for t in ("__half", "float", "__nv_bfloat16")],
     "kernels/moe_routing.cuh": [f"&vllm_volta::topk_kernel<{t}, vllm_volta::MoeScore::{s}>"
                                 for t in ("__half", "float", "__nv_bfloat16") for s in ("kSoftmax", "kSigmoid")]
                                + ["&vllm_volta::moe_align_block_size_kernel"]

@@ -32,7 +32,7 @@ from torch import nn
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.core.kv_cache_spec import MambaSpec
 from vllm_volta.logger import info_once, init_logger
-from vllm_volta.model_executor.layers import fla_ops
+from vllm_volta.model_executor.layers import fla_ops, gdn_ops
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, RowParallelLinear,
                                                      copy_weight, take_shard)
 from vllm_volta.model_executor.layers.quantization import current_quant_config
@@ -125,10 +125,11 @@ class GatedDeltaNet(nn.Module):
         b, a = self.in_proj_ba(x).split(self.num_v_heads, dim=-1)
         if self._use_kernels(x):
             core = self._forward_kernels(mixed, a, b, state, md)
+            out = gdn_ops.gated_rms_norm(core.to(x.dtype).view(x.shape[0], -1), z, self.norm_weight, self.eps)
         else:
             core = self._forward_torch(mixed, a, b, state, md)
-        out = fla_ops.gated_rms_norm(core.to(x.dtype).view(-1, self.head_v_dim),
-                                     z.reshape(-1, self.head_v_dim), self.norm_weight, self.eps)
+            out = fla_ops.gated_rms_norm(core.to(x.dtype).view(-1, self.head_v_dim),
+                                         z.reshape(-1, self.head_v_dim), self.norm_weight, self.eps)
         return self.out_proj(out.view(x.shape[0], -1))
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
@@ -148,17 +149,16 @@ class GatedDeltaNet(nn.Module):
         """The conv and the delta rule through layers/gdn_ops.py (gates fused in the kernel):
         the varlen ops for every step, as they take has_initial_state (a new sequence never reads
         its slot); no host sync."""
-        from vllm_volta.model_executor.layers import gdn_ops
-
         conv_state, ssm_state = state
         qsl, n = md.query_start_loc, mixed.shape[0]
         continues = (md.seq_lens - (qsl[1:] - qsl[:-1])) > 0
-        conv_out = gdn_ops.causal_conv1d_fn(mixed.contiguous(), self.conv_weight, None, conv_state, qsl,
+        # The kernels read strided token rows: the projections' column slices go in uncopied.
+        conv_out = gdn_ops.causal_conv1d_fn(mixed, self.conv_weight, None, conv_state, qsl,
                                             md.state_slots, continues, activation="silu")
         q, k, v = conv_out.split(self.split, dim=-1)
         return gdn_ops.gated_delta_rule_prefill(
             q.view(n, self.num_k_heads, self.head_k_dim), k.view(n, self.num_k_heads, self.head_k_dim),
-            v.view(n, self.num_v_heads, self.head_v_dim), a.contiguous(), b.contiguous(), ssm_state,
+            v.view(n, self.num_v_heads, self.head_v_dim), a, b, ssm_state,
             md.state_slots, qsl, continues, A_log=self.A_log, dt_bias=self.dt_bias, qk_l2norm=True)
 
     def _forward_torch(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

@@ -182,3 +182,20 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     _check_varlen(op, state_slots, query_start_loc, has_initial_state)
     ref.causal_conv1d(x, weight, bias, conv_state, state_slots, query_start_loc, has_initial_state, silu, out)
     return out
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The norm before out_proj over ``x`` [N, heads * dim] (contiguous) and ``gate`` [N, heads * dim]
+    (rows may be strided): each head's ``dim`` entries normalized, times ``weight`` [dim], times
+    silu(gate), as transformers' RMSNormGated. One kernel on a GPU; PyTorch ops elsewhere."""
+    op = "gated_rms_norm"
+    dim = weight.shape[0]
+    _require(x.dim() == 2 and x.shape == gate.shape and x.shape[1] % dim == 0, op,
+             f"'x' and 'gate' must be [tokens, heads * {dim}] alike, got {tuple(x.shape)} and {tuple(gate.shape)}")
+    if _use_cuda(op, x):
+        from vllm_volta import _custom_ops
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _custom_ops.gated_rms_norm(out, x, gate, weight, eps)
+        return out
+    from vllm_volta.model_executor.layers.fla_ops import gated_rms_norm as torch_gated_rms_norm
+    return torch_gated_rms_norm(x.reshape(-1, dim), gate.reshape(-1, dim), weight, eps).view(x.shape)
