@@ -68,7 +68,7 @@ def test_quantization_flag_is_checked_against_the_checkpoint():
     with pytest.raises(ValueError, match="quantization='gptq', but the checkpoint is awq-quantized"):
         ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization="gptq")
     with pytest.raises(ValueError, match="quantization must be one of"):
-        ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization="fp8")
+        ModelConfig(model="tiny", hf_config=awq, dtype="float32", quantization="bitsandbytes")
     awq.quantization_config = {"quant_method": "bitsandbytes"}  # refused before any weight loads
     with pytest.raises(ValueError, match="quant_method 'bitsandbytes' is not supported; supported: awq, gptq"):
         ModelConfig(model="tiny", hf_config=awq, dtype="float32")

@@ -330,6 +330,9 @@ class SchedulerConfig:
     # Schedule step n+1 while step n runs on the device (its sampled tokens are fed to
     # step n+1 on the device); the host's work overlaps the GPU's.
     async_scheduling: bool = False
+    # The model's KV-cache groups (core/kv_cache_groups.KVCacheLayout), set when the cache is
+    # sized (Worker.initialize_cache, or the executor from its rank 0); None: one block table.
+    kv_cache_layout: Any = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs",

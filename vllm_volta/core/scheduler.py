@@ -126,7 +126,7 @@ class Scheduler:
         ``block_size``."""
         self.config = config
         self.max_model_len = config.max_model_len
-        layout = kv_cache_layout or getattr(config, "kv_cache_layout", None)
+        layout = kv_cache_layout or config.kv_cache_layout
         self.kv_cache_manager: KVCacheManager
         if layout is not None and (layout.num_groups > 1 or layout.frees_blocks):
             self.kv_cache_manager = GroupedKVCacheManager(num_blocks, layout, num_state_slots,

@@ -212,7 +212,10 @@ class RayExecutor(Executor):
         return self._run_all("determine_num_available_blocks")[0]  # equal: a min over ranks
 
     def initialize_cache(self, num_blocks: int) -> None:
-        self._run_all("initialize_cache", [(num_blocks,)] * self.world_size)
+        layouts = self._run_all("initialize_cache", [(num_blocks,)] * self.world_size)
+        # No worker runs in this process: the scheduler hands out blocks by rank 0's KV-cache
+        # layout (the groups of its layers; every rank plans the same).
+        self.vllm_config.scheduler_config.kv_cache_layout = layouts[0]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.execute_model_async(scheduler_output).result()

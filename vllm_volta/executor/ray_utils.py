@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from vllm_volta.config import VllmConfig
+from vllm_volta.core.kv_cache_groups import KVCacheLayout
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput
 from vllm_volta.executor.ray_messages import DriverStep, WorkerInit
@@ -156,13 +157,14 @@ class RayWorkerActor:
     def determine_num_available_blocks(self) -> int:
         return self.worker.determine_num_available_blocks()
 
-    def initialize_cache(self, num_blocks: int) -> None:
+    def initialize_cache(self, num_blocks: int) -> KVCacheLayout:
         from vllm_volta.engine.gc_policy import freeze_startup_heap, raise_gc_threshold
-        self.worker.initialize_cache(num_blocks)
+        layout = self.worker.initialize_cache(num_blocks)
         # As in a multiproc rank: the built rank's heap leaves the collector's sight, so a
         # full collection does not stall the collectives of a step.
         raise_gc_threshold()
         freeze_startup_heap()
+        return layout
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
