@@ -89,12 +89,13 @@ def test_image_text_checkpoint_serves_its_language_model(tmp_path):
 
 
 def test_image_text_weight_names_of_both_layouts():
-    from vllm_volta.model_executor.models.gemma3 import _language_model_weights
+    from vllm_volta.model_executor.models.gemma3 import _SKIPPED_PREFIXES
+    from vllm_volta.model_executor.models.utils import language_model_weights
 
     t = torch.zeros(1)
     names = ["language_model.model.layers.0.mlp.down_proj.weight", "language_model.lm_head.weight",
              "vision_tower.vision_model.embeddings.patch_embedding.weight", "multi_modal_projector.mm_soft_emb_norm.weight",
              "model.language_model.norm.weight", "model.vision_tower.vision_model.post_layernorm.weight",
              "model.multi_modal_projector.mm_input_projection_weight", "lm_head.weight"]
-    assert [n for n, _ in _language_model_weights((n, t) for n in names)] == [
+    assert [n for n, _ in language_model_weights(((n, t) for n in names), _SKIPPED_PREFIXES)] == [
         "model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.norm.weight", "lm_head.weight"]

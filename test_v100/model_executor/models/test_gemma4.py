@@ -209,13 +209,14 @@ def test_conditional_generation_checkpoint_serves_its_language_model(tmp_path):
 
 
 def test_language_model_weight_names():
-    from vllm_volta.model_executor.models.gemma4 import language_model_weights
+    from vllm_volta.model_executor.models.gemma4 import _SKIPPED_PREFIXES
+    from vllm_volta.model_executor.models.utils import language_model_weights
 
     t = torch.zeros(1)
     names = ["model.language_model.layers.0.self_attn.q_proj.weight", "model.vision_tower.encoder.x.weight",
              "model.audio_tower.y.weight", "model.embed_vision.embedding_projection.weight",
              "model.embed_audio.embedding_projection.weight", "model.language_model.norm.weight", "lm_head.weight"]
-    assert [n for n, _ in language_model_weights((n, t) for n in names)] == [
+    assert [n for n, _ in language_model_weights(((n, t) for n in names), _SKIPPED_PREFIXES)] == [
         "model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"]
 
 

@@ -11,19 +11,19 @@ text-only checkpoints), and the language model of the image-text checkpoints (4B
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from vllm_volta.logger import init_logger, warning_once
 from vllm_volta.model_executor.models.gemma2 import Gemma2ForCausalLM
+from vllm_volta.model_executor.models.utils import language_model_weights
 
 logger = init_logger(__name__)
 
-# Where an image-text checkpoint keeps its language model: "language_model.model." (the hub's
-# checkpoints, saved before transformers 5) or "model.language_model." (transformers 5).
-_LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+# An image-text checkpoint's tensors outside its language model (which it keeps under
+# "language_model.model." before transformers 5, "model.language_model." since: utils.py).
 _SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
@@ -37,19 +37,6 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         return {**super().attention_options(config), "qk_norm": True}
 
 
-def _language_model_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """An image-text checkpoint's language-model tensors under Gemma3ForCausalLM's names; the
-    vision tower and projector are left out."""
-    for name, tensor in weights:
-        if name.startswith(_SKIPPED_PREFIXES):
-            continue
-        for prefix in _LANGUAGE_MODEL_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name[len(prefix):]
-                break
-        yield name.removeprefix("language_model."), tensor  # language_model.lm_head.weight
-
-
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     """The language model of a Gemma 3 image-text checkpoint (its ``text_config``); prompts are
     text only: the vision tower is not loaded."""
@@ -61,4 +48,4 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         super().__init__(hf_config.text_config, dtype=dtype, attn_backend=attn_backend)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(_language_model_weights(weights))
+        return super().load_weights(language_model_weights(weights, _SKIPPED_PREFIXES))

@@ -37,7 +37,7 @@ from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_par
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_volta.model_executor.models.gemma4_layers import Gemma4DecoderLayer, Gemma4RMSNorm, SharedKV
 from vllm_volta.model_executor.models.gemma4_plan import Gemma4LayerPlan, layer_plans
-from vllm_volta.model_executor.models.utils import default_dtype, load_hf_weights
+from vllm_volta.model_executor.models.utils import default_dtype, language_model_weights, load_hf_weights
 
 logger = init_logger(__name__)
 
@@ -228,22 +228,8 @@ class Gemma4ForCausalLM(nn.Module):
 
 # The hub's checkpoints keep the language model under "model.language_model." (transformers 5);
 # the towers and their projections into the text embeddings are not served.
-_LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
 _SKIPPED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                      "vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
-
-
-def language_model_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A Gemma 4 image-text-audio checkpoint's language-model tensors under Gemma4ForCausalLM's
-    names."""
-    for name, tensor in weights:
-        if name.startswith(_SKIPPED_PREFIXES):
-            continue
-        for prefix in _LANGUAGE_MODEL_PREFIXES:
-            if name.startswith(prefix):
-                name = "model." + name[len(prefix):]
-                break
-        yield name.removeprefix("language_model."), tensor
 
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
@@ -258,4 +244,4 @@ class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
                          tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(language_model_weights(weights))
+        return super().load_weights(language_model_weights(weights, _SKIPPED_PREFIXES))

@@ -136,3 +136,20 @@ def layer_sliding_window(hf_config: Any, layer_idx: int) -> int | None:
     if layer_types:
         return int(window) if layer_types[layer_idx] == "sliding_attention" else None
     return None if getattr(hf_config, "use_sliding_window", None) is False else int(window)
+
+
+def language_model_weights(weights: Iterable[tuple[str, torch.Tensor]], skipped_prefixes: tuple[str, ...]
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+    """An image-text checkpoint's language-model tensors under the text model's names
+    (``model.language_model.X`` / ``language_model.model.X`` -> ``model.X``,
+    ``language_model.lm_head`` -> ``lm_head``); tensors under ``skipped_prefixes`` (the other
+    towers) are left out."""
+    for name, tensor in weights:
+        if name.startswith(skipped_prefixes):
+            continue
+        for prefix in ("model.language_model.", "language_model.model."):
+            if name.startswith(prefix):
+                name = "model." + name[len(prefix):]
+                break
+        yield name.removeprefix("language_model."), tensor
+
