@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 
 def new_call_id() -> str:
@@ -64,16 +64,24 @@ class PartialCall:
         return ToolCall(self.name, self.arguments())
 
 
-class ScanningParser(Protocol):
-    def scan(self, text: str, final: bool) -> tuple[str, list[PartialCall]]: ...
+class ScanningParser:
+    """A tool-call parser defined by ``scan`` (the content and calls certain in a text so far, all
+    of it when ``final``): whole outputs (``extract``) and streams (``streamer``) read through it."""
 
+    finish_reason = "tool_calls"
 
-def extract_with(parser: ScanningParser, text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a whole output: the text itself when it holds no call."""
-    content, calls = parser.scan(text, True)
-    if not calls:
-        return text, []
-    return (content if content.strip() else None), [c.to_call() for c in calls]
+    def scan(self, text: str, final: bool) -> tuple[str, list[PartialCall]]:
+        raise NotImplementedError
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole output: the text itself when it holds no call."""
+        content, calls = self.scan(text, True)
+        if not calls:
+            return text, []
+        return (content if content.strip() else None), [c.to_call() for c in calls]
+
+    def streamer(self) -> IncrementalToolCalls:
+        return IncrementalToolCalls(self)
 
 
 @dataclass

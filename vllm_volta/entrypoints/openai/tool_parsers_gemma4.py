@@ -22,8 +22,7 @@ import json
 import re
 from typing import Any
 
-from vllm_volta.entrypoints.openai.tool_call_stream import (IncrementalToolCalls, PartialCall, ToolCall,
-                                                            extract_with, partial_suffix)
+from vllm_volta.entrypoints.openai.tool_call_stream import PartialCall, ScanningParser, partial_suffix
 
 START, END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 CALL = "call:"
@@ -39,15 +38,8 @@ class _Malformed(Exception):
     """The arguments cannot be read past this point, whatever text follows."""
 
 
-class Gemma4ToolParser:
-    finish_reason = "tool_calls"
+class Gemma4ToolParser(ScanningParser):
     keeps_special_tokens = True
-
-    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return extract_with(self, text)
-
-    def streamer(self) -> IncrementalToolCalls:
-        return IncrementalToolCalls(self)
 
     def scan(self, text: str, final: bool) -> tuple[str, list[PartialCall]]:
         """(content, calls) certain in `text` so far (all of it when `final`)."""

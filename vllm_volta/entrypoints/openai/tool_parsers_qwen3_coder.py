@@ -26,8 +26,7 @@ keeps the parameters whose values were complete and a value cut short is dropped
 from __future__ import annotations
 
 from vllm_volta.entrypoints.openai.tool_arguments import convert_value, parameter_schemas
-from vllm_volta.entrypoints.openai.tool_call_stream import (IncrementalToolCalls, PartialCall, ToolCall,
-                                                            extract_with, partial_suffix)
+from vllm_volta.entrypoints.openai.tool_call_stream import PartialCall, ScanningParser, partial_suffix
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -35,8 +34,7 @@ PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 _UNDECIDED = object()  # a block whose first tag is not complete yet
 
 
-class Qwen3CoderToolParser:
-    finish_reason = "tool_calls"
+class Qwen3CoderToolParser(ScanningParser):
 
     def __init__(self, tools: list[dict] | None = None) -> None:
         self.tools = tools
@@ -44,12 +42,6 @@ class Qwen3CoderToolParser:
     def for_request(self, tools: list[dict] | None) -> Qwen3CoderToolParser:
         """This parser reading one request's outputs (its tools type the values)."""
         return Qwen3CoderToolParser(tools)
-
-    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return extract_with(self, text)
-
-    def streamer(self) -> IncrementalToolCalls:
-        return IncrementalToolCalls(self)
 
     def scan(self, text: str, final: bool) -> tuple[str, list[PartialCall]]:
         """(content, calls) certain in `text` so far (all of it when `final`)."""
