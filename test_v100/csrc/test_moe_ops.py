@@ -43,7 +43,8 @@ def test_topk_matches_torch(device, scoring, dtype, tokens, experts, k):
     # Equal scores may pick either expert: compare the chosen experts' scores, not just ids.
     scores = torch.softmax(logits.float().cpu(), -1) if scoring == "softmax" else torch.sigmoid(logits.float().cpu())
     torch.testing.assert_close(scores.gather(1, ids.long().cpu()), ref_w, atol=1e-6, rtol=1e-5)
-    assert (ids.cpu() == ref_ids).float().mean() > 0.95
+    if dtype == torch.float32:  # half-precision logits tie often; ties may pick either expert
+        assert (ids.cpu() == ref_ids).float().mean() > 0.95
     assert all(len(set(row.tolist())) == k for row in ids.cpu())
     expected_tei = torch.arange(k)[None, :] * tokens + torch.arange(tokens)[:, None]
     assert torch.equal(tei.cpu(), expected_tei.int())
@@ -81,10 +82,14 @@ def test_align_block_size_matches_reference(device, tokens, experts, k, block):
     sorted_ids, experts_ids, total = _align(ids.to(device), experts, block)
     ref_sorted, ref_experts, ref_total = align_reference(ids, experts, block)
     assert torch.equal(total.cpu(), ref_total) and torch.equal(experts_ids.cpu(), ref_experts)
-    # Within an expert the kernel's order is free: compare each block's pairs as sets.
-    for b in range(int(ref_total) // block):
-        got = sorted(sorted_ids[b * block:(b + 1) * block].tolist())
-        assert got == sorted(ref_sorted[b * block:(b + 1) * block].tolist())
+    # Within an expert the kernel's order is free (its pairs may move between the expert's
+    # blocks): compare each expert's padded run as a set.
+    runs: dict[int, tuple[int, int]] = {}
+    for b, e in enumerate(ref_experts.tolist()[:int(ref_total) // block]):
+        lo, _ = runs.get(e, (b * block, 0))
+        runs[e] = (lo, (b + 1) * block)
+    for lo, hi in runs.values():
+        assert sorted(sorted_ids[lo:hi].tolist()) == sorted(ref_sorted[lo:hi].tolist())
     assert (sorted_ids[int(ref_total):].cpu() == ids.numel()).all()
 
 
