@@ -70,3 +70,30 @@ def test_logprobs_and_n_samples(hybrid):
     seeded = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
     first, second = run(engine, [prompt], seeded)[0], run(engine, [prompt], seeded)[0]
     assert [c.token_ids for c in first.outputs] == [c.token_ids for c in second.outputs]
+
+
+def test_beam_search_and_structured_output(hybrid):
+    """Beam search (each beam a request of its own, its state recomputed) against transformers'
+    num_beams search; a regex-constrained request's output matches the regex."""
+    import re
+
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import BeamSearchParams, StructuredOutputsParams
+
+    path, hf = hybrid["qwen3_5"]
+    llm = LLM(str(path), cpu_kvcache_space=0.01, max_model_len=64, skip_tokenizer_init=True, dtype="float32")
+    prompt = random_prompts(1, 6, 6, seed=12)[0]
+    out = llm.beam_search([prompt], BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True))[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), num_beams=2, num_return_sequences=2, do_sample=False,
+                          max_new_tokens=4, min_new_tokens=4, eos_token_id=None, pad_token_id=0)
+    assert [s.tokens for s in out.sequences] == ref.tolist()
+    del llm
+
+    from test_v100.worker.tiny_models import build_tokenizer
+    build_tokenizer().save_pretrained(path)
+    llm = LLM(str(path), cpu_kvcache_space=0.01, max_model_len=64, dtype="float32")
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=12,
+                            structured_outputs=StructuredOutputsParams(regex=r"(yes|no) [0-9]{2}"))
+    text = llm.generate(["Answer:"], params)[0].outputs[0].text
+    assert re.fullmatch(r"(yes|no) [0-9]{2}", text), text
