@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The repository root replaces the script's folder: benchmarks/kernels/ there would shadow the
+    # PyPI `kernels` package that transformers imports.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks.phase_timer import PhaseTimer  # noqa: E402
 from benchmarks.utils import log, resolve_model, run_and_emit  # noqa: E402

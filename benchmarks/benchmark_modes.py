@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The repository root replaces the script's folder: benchmarks/kernels/ there would shadow the
+    # PyPI `kernels` package that transformers imports.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks.utils import log, ratio, run_and_emit  # noqa: E402
 

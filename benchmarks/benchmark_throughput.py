@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The repository root replaces the script's folder: benchmarks/kernels/ there would shadow the
+    # PyPI `kernels` package that transformers imports.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks import gpu_clocks  # noqa: E402
 from benchmarks.backends import iter_runners, offline_result  # noqa: E402

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The repository root replaces the script's folder: benchmarks/kernels/ there would shadow the
+    # PyPI `kernels` package that transformers imports.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks.cli_args import add_model_args, check_positive, engine_kwargs, finalize_model_args  # noqa: E402
 from benchmarks.utils import log, random_token_prompts, run_and_emit, synchronize  # noqa: E402

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # The repository root replaces the script's folder: benchmarks/kernels/ there would shadow the
+    # PyPI `kernels` package that transformers imports.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from tokenizers.pre_tokenizers import ByteLevel  # noqa: E402
