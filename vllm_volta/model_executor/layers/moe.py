@@ -38,7 +38,7 @@ class MoE(nn.Module):
     """x [T, H] -> [T, H]; checkpoint experts load through ``load_expert``."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool, hidden_act: str = "silu", per_expert_scale: bool = False) -> None:
+                 renormalize: bool, hidden_act: str = "silu") -> None:
         super().__init__()
         if current_quant_config() is not None:
             raise ValueError("quantization_config: quantized mixture-of-experts models are not supported")
@@ -58,9 +58,6 @@ class MoE(nn.Module):
         self.act_fn = get_act_and_mul_fn(hidden_act)
         self._kernel_device: str | None = None  # the device name tuned configs are looked up for
         self._device_path: tuple = (None, None)  # (weights' device and dtype, device_path_reason)
-        # Gemma 4: each expert's routing weight is multiplied by a learned scale (after renormalize).
-        self.per_expert_scale = (nn.Parameter(torch.ones(num_experts, dtype=dtype), requires_grad=False)
-                                 if per_expert_scale else None)
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
         """One expert's checkpoint weight: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I])."""
