@@ -5,8 +5,9 @@
 
 Each iteration uses fresh random prompts (so prefix caching cannot skip the prefill). Besides
 vLLM's avg_latency / latencies / percentiles it times a prefill-only pass (one output token)
-to get the decode time per token, and with --roofline compares the weight bytes a decode step
-reads per second to the device-to-device copy bandwidth measured in the same run.
+to get the decode time per token, and with --roofline compares the bytes a mean decode step
+moves per second (weights, the active experts only; the KV cache read; a recurrent state read and
+written: decode_bytes.py) to the device-to-device copy bandwidth measured in the same run.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from benchmarks.backends import iter_runners, offline_result  # noqa: E402
+from benchmarks.decode_bytes import decode_bytes_per_step  # noqa: E402
 from benchmarks.cli_args import (add_backend_args, add_model_args, check_positive,  # noqa: E402
                                  finalize_model_args)
 from benchmarks.utils import (default_device, log,  # noqa: E402
@@ -112,10 +114,11 @@ def measure(runner: Any, args: argparse.Namespace, prompts: _Prompts) -> dict[st
     return out
 
 
-def roofline(result: dict[str, Any], weight_bytes: float, copy_bw: float) -> dict[str, Any]:
-    """Weight bytes read per second by decode as a fraction of the copy bandwidth."""
+def roofline(result: dict[str, Any], step_bytes: float, copy_bw: float) -> dict[str, Any]:
+    """Bytes a decode step moves (decode_bytes.py: weights, KV cache, recurrent state), per
+    second, as a fraction of the copy bandwidth."""
     steps = result.get("decode_steps_per_second")
-    achieved = steps * weight_bytes if steps else None
+    achieved = steps * step_bytes if steps else None
     return {"achieved_bandwidth_bytes_per_s": achieved,
             "fraction_of_roofline": achieved / copy_bw if achieved else None}
 
@@ -139,15 +142,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             num_iters=args.num_iters)
     if copy is not None:
         primary = results[args.backend]
-        weights = weight_bytes_per_token(hf_config, parse_dtype(primary["dtype"]))
+        dtype = parse_dtype(primary["dtype"])
+        step = decode_bytes_per_step(hf_config, dtype, args.batch_size, args.input_len, args.output_len)
         result["roofline"] = {
             "copy_bandwidth_bytes_per_s": copy["bandwidth_bytes_per_s"],
             "copy_bandwidth_counts": "bytes read + bytes written",
-            **weights,
+            **weight_bytes_per_token(hf_config, dtype),
+            **step,
         }
         for res in results.values():
-            res["roofline"] = roofline(res, weights["weight_bytes_per_token"],
-                                       copy["bandwidth_bytes_per_s"])
+            res["roofline"] = roofline(res, step["bytes_per_step"], copy["bandwidth_bytes_per_s"])
         result["roofline"].update(primary["roofline"])
     if "vllm-volta" in results and "hf" in results:
         ours, hf = results["vllm-volta"], results["hf"]

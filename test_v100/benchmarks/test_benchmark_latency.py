@@ -8,6 +8,7 @@ import pytest
 from transformers import AutoConfig
 
 from benchmarks import benchmark_latency
+from benchmarks.decode_bytes import decode_bytes_per_step
 from benchmarks.utils import CONFIGS_DIR, parse_dtype, weight_bytes_per_token
 
 TINY = ["--config", "tiny-llama", "--batch-size", "2", "--input-len", "8", "--output-len", "4",
@@ -38,8 +39,9 @@ def test_hf_backend_with_roofline(capsys):
     roof = result["roofline"]
     cfg = AutoConfig.from_pretrained(CONFIGS_DIR / "tiny-llama")
     dtype = parse_dtype(result["dtype"])
-    expected_bytes = weight_bytes_per_token(cfg, dtype)["weight_bytes_per_token"]
-    assert roof["weight_bytes_per_token"] == expected_bytes
+    assert roof["weight_bytes_per_token"] == weight_bytes_per_token(cfg, dtype)["weight_bytes_per_token"]
+    expected_bytes = decode_bytes_per_step(cfg, dtype, 2, 8, 4)["bytes_per_step"]  # TINY's batch and lengths
+    assert roof["bytes_per_step"] == expected_bytes > roof["weight_bytes_per_token"]
     assert roof["copy_bandwidth_bytes_per_s"] > 0
     if hf["decode_time_per_token"] > 0:
         achieved = expected_bytes / hf["decode_time_per_token"]
@@ -94,3 +96,34 @@ def test_roofline_bytes_of_a_4bit_checkpoint():
     linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)
     assert fp16["weight_bytes_per_token"] - q4["weight_bytes_per_token"] == pytest.approx(
         linear * 2 - (linear * 0.5 + linear / 128 * 2.5))
+
+
+def test_decode_bytes_count_active_experts_kv_and_state():
+    """Against the configs' numbers: the KV cache of every attention layer at the mean context, a
+    hybrid model's recurrent state read and written, and only the routed experts of a MoE model."""
+    import torch
+    import transformers
+
+    def config(name):
+        d = json.loads((CONFIGS_DIR / name / "config.json").read_text())
+        return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+
+    llama = config("llama-3-8b")
+    out = decode_bytes_per_step(llama, torch.float16, 4, 128, 513)
+    assert out["kv_bytes_per_step"] == 4 * 32 * (128 + 256) * 2 * 8 * 128 * 2
+    assert out["state_bytes_per_step"] == 0
+    assert out["weight_bytes_per_step"] == weight_bytes_per_token(llama, torch.float16)["weight_bytes_per_token"]
+
+    qwen35 = config("qwen3.5-9b")  # 24 Gated DeltaNet layers, 8 full-attention layers
+    out = decode_bytes_per_step(qwen35, torch.float16, 1, 128, 1)
+    conv = (2 * 16 * 128 + 32 * 128) * 3
+    assert out["state_bytes_per_step"] == 24 * 2 * (32 * 128 * 128 * 4 + conv * 2)
+    assert out["kv_bytes_per_step"] == 8 * 128 * 2 * 4 * 256 * 2
+
+    moe = config("qwen3-30b-a3b")  # 48 layers of 128 experts (gate, up, down: 3 x 2048 x 768), top 8
+    experts = 48 * 128 * 3 * 2048 * 768 * 2
+    total = weight_bytes_per_token(moe, torch.float16)["weight_bytes_per_token"]
+    for batch in (1, 64):
+        used = 128 * (1 - (1 - 8 / 128) ** batch)
+        got = decode_bytes_per_step(moe, torch.float16, batch, 128, 1)["weight_bytes_per_step"]
+        assert got == pytest.approx(total - experts * (1 - used / 128))
