@@ -97,3 +97,27 @@ def test_beam_search_and_structured_output(hybrid):
                             structured_outputs=StructuredOutputsParams(regex=r"(yes|no) [0-9]{2}"))
     text = llm.generate(["Answer:"], params)[0].outputs[0].text
     assert re.fullmatch(r"(yes|no) [0-9]{2}", text), text
+
+
+def test_max_num_seqs_is_capped_by_the_state_pool(hybrid, caplog):
+    """A budget too small for max_num_seqs requests' states: the pool takes at most half of it and
+    max_num_seqs is capped to the slots that fit (with a warning); requests still run right."""
+    import logging
+
+    from vllm_volta.logger import ROOT_LOGGER_NAME
+
+    path, hf = hybrid["qwen3_5"]
+    root = logging.getLogger(ROOT_LOGGER_NAME)  # it does not propagate to pytest's root handler
+    root.addHandler(caplog.handler)
+    try:
+        engine = make_engine(path, cpu_kvcache_space=0.001, max_num_seqs=256)
+    finally:
+        root.removeHandler(caplog.handler)
+    sc, cc = engine.vllm_config.scheduler_config, engine.vllm_config.cache_config
+    assert 2 <= cc.num_state_slots < 257 and sc.max_num_seqs == cc.num_state_slots - 1
+    assert engine.scheduler.config.max_num_seqs == sc.max_num_seqs
+    assert "max_num_seqs capped from 256" in caplog.text
+    kv = engine.scheduler.kv_cache_manager
+    assert sorted(kv._free_state_slots) == list(range(1, cc.num_state_slots))
+    prompt = random_prompts(1, 10, 10, seed=13)[0]
+    assert tokens(run(engine, [prompt], GREEDY)) == [hf_greedy(hf, prompt, 8)]

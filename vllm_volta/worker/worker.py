@@ -72,17 +72,8 @@ class Worker:
         else:
             budget = cache_config.cpu_kvcache_bytes()
             what = f"the CPU KV-cache budget is {budget / 2**30:.2f} GiB"
-        state_bytes = self.model_runner.state_pool_bytes()
-        if state_bytes:
-            slots = cache_config.num_state_slots
-            if state_bytes >= budget:
-                raise ValueError(
-                    f"No room for the recurrent state of {slots - 1} requests "
-                    f"({state_bytes / 2**30:.2f} GiB): {what}. Lower max_num_seqs or raise "
-                    f"gpu_memory_utilization / cpu_kvcache_space.")
-            logger.info("Recurrent-state pool: %d slots (max_num_seqs %d + 1 scratch), %.3f GiB "
-                        "taken from the KV-cache budget", slots, slots - 1, state_bytes / 2**30)
-            budget -= state_bytes
+        if self.model_runner.state_pool_bytes():
+            budget -= self._size_state_pool(budget, what)
         num_blocks = budget // block_bytes
         if self.world_size > 1:  # every rank must hold the same number of blocks
             num_blocks = self._min_over_ranks(num_blocks)
@@ -95,6 +86,31 @@ class Worker:
         layout = self.model_runner.kv_cache_layout()
         useful = sc.max_num_seqs * layout.blocks_per_request(sc.max_model_len, sc.max_num_batched_tokens) + 1
         return int(min(num_blocks, useful))
+
+    def _size_state_pool(self, budget: int, what: str) -> int:
+        """Hybrid models: the recurrent-state pool takes at most half of the KV budget (the rest
+        holds the attention layers' KV); where max_num_seqs requests' states do not fit that,
+        max_num_seqs is capped to what does, with a warning. Returns the pool's bytes."""
+        cache_config, sc = self.vllm_config.cache_config, self.vllm_config.scheduler_config
+        slots = cache_config.num_state_slots
+        per_slot = self.model_runner.state_pool_bytes() // slots
+        fit = int(budget // 2 // per_slot)
+        if self.world_size > 1:  # every rank must keep the same requests
+            fit = self._min_over_ranks(fit)
+        if fit < 2:
+            raise ValueError(
+                f"No room for the recurrent state of even one request ({per_slot / 2**30:.3f} GiB "
+                f"each, at most half of the budget): {what}. Raise gpu_memory_utilization / "
+                f"cpu_kvcache_space, or use a smaller model.")
+        if fit < slots:
+            logger.warning("max_num_seqs capped from %d to %d: the recurrent state of a request takes "
+                           "%.1f MiB and the state pool may take at most half of the KV budget (%s)",
+                           sc.max_num_seqs, fit - 1, per_slot / 2**20, what)
+            slots = cache_config.num_state_slots = fit
+            sc.max_num_seqs = fit - 1
+        logger.info("Recurrent-state pool: %d slots (max_num_seqs %d + 1 scratch), %.3f GiB taken from "
+                    "the KV-cache budget", slots, slots - 1, per_slot * slots / 2**30)
+        return per_slot * slots
 
     def _min_over_ranks(self, value: int) -> int:
         import torch.distributed as dist
