@@ -209,7 +209,12 @@ class RayExecutor(Executor):
         return self._gather(self._submit(method, args), method, timeout)
 
     def determine_num_available_blocks(self) -> int:
-        return self._run_all("determine_num_available_blocks")[0]  # equal: a min over ranks
+        # Equal on every rank (minima over ranks). No worker runs in this process: the engine's
+        # config takes the state slots / max_num_seqs that sizing may have capped.
+        num_blocks, slots, max_num_seqs = self._run_all("determine_num_available_blocks")[0]
+        self.vllm_config.cache_config.num_state_slots = slots
+        self.vllm_config.scheduler_config.max_num_seqs = max_num_seqs
+        return num_blocks
 
     def initialize_cache(self, num_blocks: int) -> None:
         layouts = self._run_all("initialize_cache", [(num_blocks,)] * self.world_size)

@@ -154,8 +154,11 @@ class RayWorkerActor:
                                 init.distributed_init_method, local_device)
         self.worker.load_model()
 
-    def determine_num_available_blocks(self) -> int:
-        return self.worker.determine_num_available_blocks()
+    def determine_num_available_blocks(self) -> tuple[int, int, int]:
+        """(KV blocks, recurrent-state slots, max_num_seqs): sizing may cap the last two."""
+        num_blocks = self.worker.determine_num_available_blocks()
+        config = self.worker.vllm_config
+        return num_blocks, config.cache_config.num_state_slots, config.scheduler_config.max_num_seqs
 
     def initialize_cache(self, num_blocks: int) -> KVCacheLayout:
         from vllm_volta.engine.gc_policy import freeze_startup_heap, raise_gc_threshold
