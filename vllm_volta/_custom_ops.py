@@ -22,8 +22,10 @@ except ImportError as exc:  # pragma: no cover - only without a build
 
 
 @functools.cache
+@functools.lru_cache(maxsize=None)
 def has_cuda_kernel(op: str) -> bool:
-    """Whether this build registered a CUDA kernel for ``_C::<op>`` (asked once per op)."""
+    """Whether this build registered a CUDA kernel for ``_C::<op>`` (asked once per op: layers
+    ask it every step)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"_C::{op}", "CUDA")
 
 
