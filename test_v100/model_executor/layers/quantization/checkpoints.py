@@ -75,3 +75,19 @@ def quantize_hf_model(hf: torch.nn.Module, folder: Path, group: int, seed: int =
         if fmt == "awq" else {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False,
                               "sym": False, "checkpoint_format": fmt})
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def check_engine_greedy(folder: Path, hf: torch.nn.Module, method: str) -> None:
+    """The engine on the quantized checkpoint in ``folder`` (float32 on the CPU, chunked prefill
+    next to decodes, ``--quantization method`` checked) generates ``hf``'s greedy tokens."""
+    from test_v100.worker.tiny_models import hf_greedy, random_prompts
+    from vllm_volta import LLM
+    from vllm_volta.sampling_params import SamplingParams
+
+    llm = LLM(str(folder), skip_tokenizer_init=True, dtype="float32", cpu_kvcache_space=0.01,
+              max_num_batched_tokens=16, quantization=method)
+    prompts = random_prompts(3, 5, 40, seed=2)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
+

@@ -18,6 +18,7 @@ from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear,
 from vllm_volta.model_executor.layers.quantization import get_quant_config, quantization
 from vllm_volta.model_executor.layers.quantization.fp8 import fp8_kernel_path
 
+from .checkpoints import check_engine_greedy
 from .fp8_checkpoints import FP8, Fp8Scheme, config_of, quantize_hf_model
 
 CT = "compressed-tensors"
@@ -297,16 +298,7 @@ def test_load_log_names_the_path(tmp_path, caplog):
 def test_engine_greedy_matches_transformers(tmp_path, name):
     """The engine (float32 on the CPU, chunked prefill next to decodes, --quantization checked)
     generates transformers' greedy tokens of the dequantized weights."""
-    from test_v100.worker.tiny_models import hf_greedy, random_prompts
-    from vllm_volta import LLM
-    from vllm_volta.sampling_params import SamplingParams
-
     scheme = Fp8Scheme(**{**vars(SCHEMES[name]), "ignore": ("model.layers.1.mlp.down_proj",)})
     hf = save_random_hf_model(transformers.LlamaConfig(**{**TINY, "vocab_size": 384}), tmp_path / "dense")
     quantize_hf_model(hf, tmp_path, scheme)
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", cpu_kvcache_space=0.01,
-              max_num_batched_tokens=16, quantization=scheme.method)
-    prompts = random_prompts(3, 5, 40, seed=2)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    for prompt, out in zip(prompts, outs):
-        assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
+    check_engine_greedy(tmp_path, hf, scheme.method)

@@ -11,6 +11,7 @@ import transformers
 
 from test_v100.model_executor.models.hf_compare import TINY, check_engine_logprobs, save_random_hf_model
 
+from .checkpoints import check_engine_greedy
 from .int_checkpoints import Scheme, quantize_hf_model
 
 CT = "compressed-tensors"
@@ -29,18 +30,9 @@ GPU_SCHEMES = {
 def test_engine_greedy_matches_transformers(tmp_path, scheme):
     """The engine (float32 on the CPU, chunked prefill next to decodes) generates transformers'
     greedy tokens of the same weights dense."""
-    from test_v100.worker.tiny_models import hf_greedy, random_prompts
-    from vllm_volta import LLM
-    from vllm_volta.sampling_params import SamplingParams
-
     hf = save_random_hf_model(transformers.LlamaConfig(**{**TINY, "vocab_size": 384}), tmp_path / "dense")
     quantize_hf_model(hf, tmp_path, scheme)
-    llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", cpu_kvcache_space=0.01,
-              max_num_batched_tokens=16, quantization=scheme.method)
-    prompts = random_prompts(3, 5, 40, seed=2)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    for prompt, out in zip(prompts, outs):
-        assert list(out.outputs[0].token_ids) == hf_greedy(hf, prompt, 8)
+    check_engine_greedy(tmp_path, hf, scheme.method)
 
 
 @pytest.mark.gpu
