@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from test_v100.engine.test_llm_engine import make_engine, run, tokens
-from test_v100.worker.tiny_models import hf_greedy, random_prompts, save_tiny_model
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, tiny_models
 from vllm_volta.sampling_params import SamplingParams
 
 HYBRID = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -16,11 +16,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    models = {}
-    for seed, arch in enumerate(HYBRID):
-        path = tmp_path_factory.mktemp(arch)
-        models[arch] = (path, save_tiny_model(path, arch, seed=seed))
-    return models
+    return tiny_models(tmp_path_factory, HYBRID)
 
 
 @pytest.mark.parametrize("arch", HYBRID)

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from test_v100.worker.tiny_models import ARCHS, hf_greedy, random_prompts, save_tiny_model
+from test_v100.worker.tiny_models import ARCHS, hf_greedy, random_prompts, tiny_models
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.sampling_params import SamplingParams
@@ -18,11 +18,7 @@ _ids = itertools.count()
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """arch -> (model dir, HF model) for every tiny architecture."""
-    models = {}
-    for seed, arch in enumerate(ARCHS):
-        path = tmp_path_factory.mktemp(arch)
-        models[arch] = (path, save_tiny_model(path, arch, seed=seed))
-    return models
+    return tiny_models(tmp_path_factory, ARCHS)
 
 
 def make_engine(path, **kwargs) -> LLMEngine:

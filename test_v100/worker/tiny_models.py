@@ -127,3 +127,14 @@ def tiny_model_dir(tmp_path_factory, arch: str = "llama", **kwargs) -> Path:
     path = tmp_path_factory.mktemp(f"tiny_{arch}")
     save_tiny_model(path, arch, **kwargs)
     return path
+
+
+def tiny_models(tmp_path_factory, archs) -> dict:
+    """arch -> (model dir, HF model) for each of ``archs`` (module-scoped fixtures), seeded by
+    position."""
+    models = {}
+    for seed, arch in enumerate(archs):
+        path = tmp_path_factory.mktemp(arch)
+        models[arch] = (path, save_tiny_model(path, arch, seed=seed))
+    return models
+
