@@ -358,8 +358,13 @@ class ParallelConfig:
     # How ranks are started: "mp" (processes on this node), "ray" (Ray actors, any node of a
     # Ray cluster), "uni" (this process: one rank only).
     distributed_executor_backend: str = "mp"
+    # MoE layers hold whole experts, num_experts / tensor_parallel_size per rank, instead of a
+    # slice of every expert (vLLM's --enable-expert-parallel; EP size = TP size here).
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.enable_expert_parallel, bool), "enable_expert_parallel", "True or False",
+                 self.enable_expert_parallel)
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,

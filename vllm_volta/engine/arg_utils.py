@@ -53,6 +53,8 @@ _HELP = {
     "distributed_executor_backend": "how tensor-parallel ranks start: mp (processes on this "
                                     "node, the default) or ray (Ray actors on the nodes of a "
                                     "Ray cluster; pip install -e \".[ray]\")",
+    "enable_expert_parallel": "MoE layers: each rank holds whole experts (num_experts / "
+                              "tensor_parallel_size of them) instead of a slice of every expert",
     "cudagraph_mode": "FULL_AND_PIECEWISE (CUDA graphs for decode steps, and graphs of the "
                       "pieces between attention layers for steps of up to 2048 tokens with "
                       "prompts) or FULL_DECODE_ONLY",
@@ -107,6 +109,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
+    enable_expert_parallel: bool = False
     device: str = "auto"
     disable_log_stats: bool = False
 
@@ -114,7 +117,8 @@ class EngineArgs:
         """Validate everything and resolve model/hardware-dependent values."""
         # Cheap checks first: a bad parallel size should not wait for a model download.
         parallel_config = ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size,
-                                         self.distributed_executor_backend)
+                                         self.distributed_executor_backend,
+                                         enable_expert_parallel=self.enable_expert_parallel)
         device_config = DeviceConfig(self.device)
         cache_config = CacheConfig(
             block_size=self.block_size,

@@ -136,7 +136,9 @@ class ModelRunner:
         from vllm_volta.platforms import current_platform
         self.attn_backend = current_platform.get_attn_backend(
             dtype=self.dtype, head_size=self.model_config.get_head_size())
-        self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
+        from vllm_volta.model_executor.layers.expert_parallel import expert_parallel
+        with expert_parallel(self.vllm_config.parallel_config.enable_expert_parallel):
+            self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         """What each layer keeps (core/kv_cache_spec.py): the model's own list where it has one
