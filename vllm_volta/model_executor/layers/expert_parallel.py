@@ -95,7 +95,7 @@ def expert_parallel(enabled: bool) -> Iterator[None]:
     finally:
         _scopes.pop()
     if scope.enabled and scope.moe_layers == 0:
-        info_once(logger, "enable_expert_parallel has no effect: the model has no mixture-of-experts layers")
+        logger.info("enable_expert_parallel has no effect: the model has no mixture-of-experts layers")
 
 
 def expert_parallel_enabled() -> bool:

@@ -14,6 +14,12 @@ Given each token's experts (int32 ids [T, k]) and routing weights (float32 [T, k
   ``moe_sum`` over each token's k rows.
   Every used expert's weights are read once per block of ``block_size`` pairs.
 
+With expert parallelism the weights hold this rank's experts only and ``expert_map`` (int32 [E],
+-1 for experts on other ranks) turns the global ids into local ones: the grouped GEMM's expert
+ordering leaves the -1 pairs out and their rows of the [T, k, H] products stay zero; the GEMVs
+(which read one expert per pair) see those pairs as local expert 0 with weight 0, so they add
+nothing (their reads of expert 0's rows are the price of keeping the launch shape fixed).
+
 A third choice, ``host``, leaves a batch to the layer's host-grouped cuBLAS loop (eager steps
 only: inside a CUDA-graph capture the device path runs instead). Which path, ``rows_per_block``
 and ``block_size`` at a token count come from a tuned kernel config (op ``fused_moe``, keyed by the layer's shape, dtype and device:
@@ -100,10 +106,18 @@ def unsupported_reason(w13: torch.Tensor, w2: torch.Tensor, top_k: int, hidden_a
     return None
 
 
+def local_ids(ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tensor:
+    """Global expert ids [T, k] -> this rank's local ids (int32; -1 where another rank holds it)."""
+    return expert_map[ids.long()]
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, config: dict[str, Any], activation: str = "silu") -> torch.Tensor:
+                  ids: torch.Tensor, config: dict[str, Any], activation: str = "silu",
+                  expert_map: torch.Tensor | None = None) -> torch.Tensor:
     """sum_j weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: [T, H] in x's dtype.
-    ``activation``: "silu" or "gelu_tanh" (values of ACTIVATIONS)."""
+    ``activation``: "silu" or "gelu_tanh" (values of ACTIVATIONS). With ``expert_map`` (expert
+    parallelism) ``ids`` are global, the weights hold the local experts, and the sum runs over the
+    pairs whose expert is local."""
     if activation not in ("silu", "gelu_tanh"):
         raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
     if config["path"] not in ("gemv", "gemm"):
@@ -116,7 +130,13 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     if tokens == 0:
         return out
     inter = w2.shape[2]
+    if expert_map is not None:
+        ids = local_ids(ids, expert_map)
     if config["path"] == "gemv":
+        if expert_map is not None:  # every pair reads some expert: other ranks' pairs weigh 0
+            elsewhere = ids < 0
+            ids = ids.masked_fill(elsewhere, 0)
+            weights = weights.masked_fill(elsewhere, 0.0)
         rows = int(config.get("rows_per_block", 0))
         act = torch.empty(tokens, top_k, inter, dtype=x.dtype, device=x.device)
         getattr(ops, f"moe_gemv_{activation}_and_mul")(act, x, w13, ids, rows)
@@ -129,7 +149,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     ops.moe_grouped_gemm(gate_up, x, w13, sorted_ids, experts_ids, total, None, top_k, block)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     getattr(ops, f"{activation}_and_mul")(act, gate_up)
-    down = torch.empty(tokens, top_k, x.shape[1], dtype=x.dtype, device=x.device)
+    # Pairs left out of the ordering (other ranks' experts) are never written: zeros for moe_sum.
+    alloc = torch.empty if expert_map is None else torch.zeros
+    down = alloc(tokens, top_k, x.shape[1], dtype=x.dtype, device=x.device)
     ops.moe_grouped_gemm(down.view(pairs, -1), act, w2, sorted_ids, experts_ids, total, weights, 1, block)
     ops.moe_sum(down, out)
     return out

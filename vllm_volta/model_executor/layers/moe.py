@@ -5,7 +5,12 @@ its ``top_k`` experts are the largest probabilities (renormalized to sum to 1 wh
 ``renormalize``), and its output is the probability-weighted sum of those experts' gated MLPs,
 down(act(gate(x)) * up(x)). The experts' weights are stacked: ``w13`` [E, 2I, H] (gate rows,
 then up rows) and ``w2`` [E, H, I]; with tensor parallelism each rank holds a slice of every
-expert's intermediate size and the partial outputs are summed across ranks.
+expert's intermediate size and the partial outputs are summed across ranks. With expert
+parallelism (expert_parallel.py) each rank instead holds whole experts, ``w13`` [E_local, 2I, H],
+and ``expert_map`` turns the globally routed ids into local ones (-1: another rank's expert,
+which contributes nothing here); the same all-reduce sums the ranks' shares. Subclasses add
+TP-sharded extras (a shared expert) to this rank's share before that one all-reduce
+(``forward_local``).
 
 On a GPU with the mixture-of-experts kernels (SiLU or GELU-tanh experts, float16 / float32,
 bfloat16 on SM80+)
@@ -24,6 +29,7 @@ from torch import nn
 from vllm_volta.logger import info_once, init_logger
 from vllm_volta.model_executor.layers import fused_moe
 from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
+from vllm_volta.model_executor.layers.expert_parallel import moe_placement
 from vllm_volta.model_executor.layers.linear import ReplicatedLinear, copy_weight, take_shard
 from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
@@ -47,12 +53,20 @@ class MoE(nn.Module):
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
-        self.intermediate = divide(intermediate_size, self.tp_size, "moe intermediate size")
+        self.placement = moe_placement(num_experts)  # None: a slice of every expert (TP)
+        if self.placement is None:
+            self.intermediate = divide(intermediate_size, self.tp_size, "moe intermediate size")
+            self.expert_map: torch.Tensor | None = None
+            local_experts = num_experts
+        else:  # whole experts: the weights are not split within an expert
+            self.intermediate = intermediate_size
+            self.register_buffer("expert_map", self.placement.expert_map(), persistent=False)
+            local_experts = self.placement.num_local
         self.gate = ReplicatedLinear(hidden_size, num_experts)
         dtype = torch.get_default_dtype()
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
                                 requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, self.intermediate, dtype=dtype),
                                requires_grad=False)
         self.hidden_act = hidden_act
         self.act_fn = get_act_and_mul_fn(hidden_act)
@@ -60,15 +74,23 @@ class MoE(nn.Module):
         self._device_path: tuple = (None, None)  # (weights' device and dtype, device_path_reason)
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
-        """One expert's checkpoint weight: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I])."""
+        """One expert's checkpoint weight: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I]).
+        With expert parallelism another rank's expert is skipped (never copied here)."""
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert index {expert} is outside [0, {self.num_experts})")
-        n = self.intermediate
+        if part not in ("gate", "up", "down"):
+            raise ValueError(f"expert weight part must be one of gate, up, down, got {part!r}")
+        n, rank, shards = self.intermediate, self.tp_rank, self.tp_size
+        if self.placement is not None:
+            local = self.placement.local_index(expert)
+            if local is None:
+                return
+            expert, rank, shards = local, 0, 1
         if part == "down":
-            copy_weight(self.w2.data[expert], take_shard(loaded, 1, self.tp_rank, n, n * self.tp_size))
+            copy_weight(self.w2.data[expert], take_shard(loaded, 1, rank, n, n * shards))
             return
         offset = {"gate": 0, "up": n}[part]
-        copy_weight(self.w13.data[expert, offset:offset + n], take_shard(loaded, 0, self.tp_rank, n, n * self.tp_size))
+        copy_weight(self.w13.data[expert, offset:offset + n], take_shard(loaded, 0, rank, n, n * shards))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids int32 [T, k], their weights float32 [T, k]), computed on x's device."""
@@ -86,7 +108,7 @@ class MoE(nn.Module):
 
     def kernel_config_shape(self, dtype: torch.dtype) -> dict:
         """The shape keys of this layer's ``fused_moe`` kernel config file (kernel_configs.py)."""
-        return dict(num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.w13.shape[2],
+        return dict(num_experts=self.w13.shape[0], top_k=self.top_k, hidden_size=self.w13.shape[2],
                     intermediate_size=self.intermediate, dtype=dtype)
 
     def _kernel_config(self, tokens: int, dtype: torch.dtype) -> dict:
@@ -100,6 +122,13 @@ class MoE(nn.Module):
         return fused_moe.check_config(config, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.forward_local(x)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+
+    def forward_local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all-reduce over the ranks: its slice of
+        every chosen expert (TP), or its own chosen experts in whole (EP). Subclasses add their
+        TP-sharded extras here, so one all-reduce sums everything."""
         ids, weights = self.route(x)
         if x.is_cuda and self.device_path_reason() is None:
             tokens = max(x.shape[0], 1)
@@ -110,21 +139,23 @@ class MoE(nn.Module):
                 info_once(logger, "MoE experts on the device (%s, %s): decode GEMVs or a grouped GEMM by "
                           "token count (fused_moe kernel configs, else GEMVs up to %d tokens)",
                           str(x.dtype).removeprefix("torch."), self.hidden_act, fused_moe.DECODE_MAX_TOKENS)
-                out = fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config,
-                                              fused_moe.ACTIVATIONS[self.hidden_act])
-                return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+                return fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config,
+                                               fused_moe.ACTIVATIONS[self.hidden_act], self.expert_map)
+        if self.expert_map is not None:
+            ids = self.expert_map[ids.long()]
         return self._forward_host_grouped(x, ids, weights.to(x.dtype))
 
     def _forward_host_grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Tokens grouped by expert on the host; two GEMMs per used expert."""
+        """Tokens grouped by expert on the host; two GEMMs per used expert. ``ids`` index
+        ``w13``; -1 (another rank's expert) is skipped."""
         out = torch.zeros_like(x)
-        flat = ids.flatten().long()
+        flat = ids.flatten().long() + 1  # bucket 0: the pairs of other ranks' experts
         order = flat.argsort()
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync
+        counts = torch.bincount(flat, minlength=self.w13.shape[0] + 1).tolist()  # the one host sync
         tokens = order // self.top_k
         pair_weights = weights.flatten()[order]  # in expert order, as tokens
-        start = 0
-        for expert, count in enumerate(counts):
+        start = counts[0]
+        for expert, count in enumerate(counts[1:]):
             if count == 0:
                 continue
             rows = tokens[start:start + count]
@@ -132,7 +163,7 @@ class MoE(nn.Module):
             h = self.act_fn(x[rows] @ self.w13[expert].t()) @ self.w2[expert].t()
             out.index_add_(0, rows, h * w[:, None])
             start += count
-        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+        return out
 
 
 def supports_cuda_graphs(model: nn.Module) -> bool:

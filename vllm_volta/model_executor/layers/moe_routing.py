@@ -62,21 +62,27 @@ def max_padded_pairs(pairs: int, num_experts: int, block_size: int) -> int:
 
 def align_reference(topk_ids: torch.Tensor, num_experts: int, block_size: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``align_block_size`` in PyTorch ops (no host sync): pairs in pair order within an expert."""
+    """``align_block_size`` in PyTorch ops (no host sync): pairs in pair order within an expert;
+    ids outside [0, num_experts) (-1: an expert on another rank) are left out, as the kernel does."""
     ids = topk_ids.flatten().long()
     pairs, device = ids.numel(), ids.device
     length = max_padded_pairs(pairs, num_experts, block_size)
     blocks = -(-length // block_size)
-    counts = torch.bincount(ids, minlength=num_experts)
+    # Left-out pairs go to an extra bucket past the last expert: sorted after every real run.
+    ids = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    bucket_counts = torch.bincount(ids, minlength=num_experts + 1)
+    counts = bucket_counts[:num_experts]
     padded = (counts + block_size - 1) // block_size * block_size
     ends = padded.cumsum(0)
-    starts = ends - padded
+    # The extra bucket's pairs are written past `length`, into room cut off below.
+    starts = torch.cat([ends - padded, ends.new_full((1,), length)])
     order = torch.argsort(ids, stable=True)
     sorted_experts = ids[order]
-    first_in_run = counts.cumsum(0) - counts  # where each expert's pairs start in `order`
+    first_in_run = bucket_counts.cumsum(0) - bucket_counts  # where each bucket starts in `order`
     rank = torch.arange(pairs, device=device) - first_in_run[sorted_experts]
-    sorted_ids = torch.full((length,), pairs, dtype=torch.int32, device=device)
+    sorted_ids = torch.full((length + pairs,), pairs, dtype=torch.int32, device=device)
     sorted_ids[starts[sorted_experts] + rank] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:length]
     total = ends[-1:].to(torch.int32)
     block_starts = torch.arange(blocks, device=device) * block_size
     experts_ids = torch.searchsorted(ends, block_starts, right=True).to(torch.int32)

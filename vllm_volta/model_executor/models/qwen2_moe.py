@@ -26,11 +26,13 @@ class SharedExpertMoE(MoE):
                          config.moe_intermediate_size, renormalize=bool(getattr(config, "norm_topk_prob", False)),
                          hidden_act=config.hidden_act)
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
+        # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
+        self.shared_expert.down_proj.reduce_results = False
         self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_local(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return super().forward(x) + shared
+        return super().forward_local(x) + shared
 
 
 class Qwen2MoeDecoderLayer(Qwen3MoeDecoderLayer):

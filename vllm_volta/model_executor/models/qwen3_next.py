@@ -30,6 +30,7 @@ from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm_volta.model_executor.layers.logits import LogitsProcessor
 from vllm_volta.model_executor.layers.moe import MoE
+from vllm_volta.model_executor.layers.pipeline_stage import PipelineStage, is_pp_missing
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_volta.model_executor.models.llama import LlamaMLP
@@ -82,10 +83,13 @@ class SharedExpertMoE(MoE):
         super().__init__(config.num_experts, config.num_experts_per_tok, config.hidden_size,
                          config.moe_intermediate_size, renormalize=renormalize, hidden_act=config.hidden_act)
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
+        # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
+        self.shared_expert.down_proj.reduce_results = False
         self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+    def forward_local(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward_local(x) + shared
 
 
 class HybridDecoderLayer(nn.Module):
@@ -124,7 +128,8 @@ class HybridDecoderLayer(nn.Module):
 class HybridModel(nn.Module):
     """Embedding, hybrid decoder layers, final norm (LlamaModel's interface)."""
 
-    def __init__(self, config: Any, attn_backend: type | None, make_mlp: Any) -> None:
+    def __init__(self, config: Any, attn_backend: type | None, make_mlp: Any,
+                 tie_word_embeddings: bool = False) -> None:
         super().__init__()
         head_dim = config_head_dim(config)
         rope = getattr(config, "rope_parameters", None) or {}
@@ -133,18 +138,26 @@ class HybridModel(nn.Module):
         # M-RoPE's sections all see the same position for text, so it is plain RoPE here.
         rotary_emb = get_rope(head_dim, int(head_dim * factor), config.max_position_embeddings, theta,
                               is_neox_style=True, rope_scaling=scaling)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(HybridDecoderLayer(config, i, attn_backend, rotary_emb, make_mlp(config, i))
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Pipeline parallelism: this stage's layers only (a tied LM head keeps the embeddings).
+        self.pp = pp = PipelineStage(config.num_hidden_layers, config.hidden_size)
+        self.embed_tokens = pp.here(lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size),
+                                    on_first=True, on_last=tie_word_embeddings)
+        self.layers = pp.make_layers(config.num_hidden_layers, lambda i: HybridDecoderLayer(
+            config, i, attn_backend, rotary_emb, make_mlp(config, i)))
+        self.norm = pp.here(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps), on_last=True)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[Any],
                 attn_metadata: AttentionMetadata, final_norm: bool = True) -> torch.Tensor:
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"kv_caches must hold one cache per layer ({len(self.layers)}), got {len(kv_caches)}")
-        hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer, cache in zip(self.layers, kv_caches):
+        pp = self.pp
+        pp.check_caches(kv_caches)
+        if pp.is_first:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden_states, residual = pp.receive(input_ids.shape[0], input_ids.device)
+        for layer, cache in zip(pp.layers(self.layers), kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, cache, attn_metadata)
+        if not pp.is_last:  # the next stage continues (LlamaModel's contract)
+            return pp.send(hidden_states, residual)
         if not final_norm:
             return hidden_states + residual
         return self.norm(hidden_states, residual)[0]
@@ -162,17 +175,18 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         if tie_word_embeddings is None else tie_word_embeddings)
         with default_dtype(dtype):
-            self.model = HybridModel(hf_config, attn_backend, self.make_mlp)
+            self.model = HybridModel(hf_config, attn_backend, self.make_mlp, self.tie_word_embeddings)
             # A tied head's own weight is never used: build it on "meta" (no memory), then tie.
             with torch.device("meta") if self.tie_word_embeddings else contextlib.nullcontext():
-                self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
-        if self.tie_word_embeddings:
+                self.lm_head = self.model.pp.here(
+                    lambda: ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size), on_last=True)
+        if self.tie_word_embeddings and self.model.pp.is_last:
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
-        kinds = [layer.layer_type for layer in self.model.layers]
+        kinds = [layer.layer_type for layer in self.model.pp.layers(self.model.layers)]
         logger.info("%s: %d Gated DeltaNet layers (recurrent state %s), %d full-attention layers",
                     type(self).__name__, kinds.count("linear_attention"),
-                    str(self.model.layers[kinds.index("linear_attention")].linear_attn.state_dtype)
+                    str(self.model.layers[self.model.pp.start + kinds.index("linear_attention")].linear_attn.state_dtype)
                     if "linear_attention" in kinds else "-", kinds.count("full_attention"))
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
@@ -185,7 +199,7 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         specs: list[KVCacheSpec] = []
-        for layer in self.model.layers:
+        for layer in self.model.pp.layers(self.model.layers):
             if layer.layer_type == "linear_attention":
                 specs.append(layer.linear_attn.state_spec(self.dtype))
             else:
@@ -218,6 +232,9 @@ class Qwen3NextForCausalLM(MixtralForCausalLM):
         for name, tensor in weights:
             if _OFFSET_NORMS.search(name):
                 yield name, tensor.float() + 1.0
+            elif (match := _LINEAR_ATTN.match(name) or _STACKED_EXPERTS.match(name)) and is_pp_missing(
+                    self, match.group(1)):
+                continue  # another pipeline stage's layer
             elif match := _LINEAR_ATTN.match(name):
                 layer = self._submodule(name, match.group(1))
                 loaded.update(f"{match.group(1)}.{p}" for p in layer.load_hf_weight(match.group(2), tensor))
