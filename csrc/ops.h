@@ -48,6 +48,9 @@ void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional
                           std::optional<Tensor> norm_weight, double epsilon);
 void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
+                   std::optional<Tensor> bias);
+void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
@@ -116,6 +119,10 @@ void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tens
 // ---- AWQ 4-bit weights, float16, Volta-safe, CUDA in every build (csrc/awq_kernels.cu) ----
 void awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+
+// ---- FP8 e4m3fn weights converted in registers, float16, Volta-safe, CUDA in every build (csrc/fp8_kernels.cu) ----
+void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias);
+void fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 
 // ---- mixture of experts: routing, expert order, decode GEMVs, grouped GEMM (csrc/moe_kernels.cu) ----
 void topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);

@@ -10,6 +10,7 @@
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
 #include "awq_checks.h"
+#include "fp8_checks.h"
 #include "gdn_checks.h"
 #include "gemv_checks.h"
 #include "moe_checks.h"
@@ -94,6 +95,13 @@ void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scale
 }
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) {
   check_awq_gemv_args(out, input, qweight, qzeros, scales);
+}
+void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
+                   std::optional<Tensor> bias) {
+  check_fp8_gemv_args(out, input, weight, scales, group_k, bias);
+}
+void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k) {
+  check_fp8_dequantize_args(out, weight, scales, group_k);
 }
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output) {
   check_topk_args("topk_softmax", topk_weights, topk_ids, token_expert_indices, gating_output);
@@ -222,6 +230,10 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [K, N] = the float16 weight; out [M, N] = input [M, K] @ that weight for 1 <= M <= 4.
   m.def("awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
   m.def("awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
+  // FP8 e4m3fn weights [N, K] with float32 scales [N, G] (one per row and group_k inputs, or G = 1):
+  // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8, float16; out [N, K] = W in float16.
+  m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None) -> ()");
+  m.def("fp8_dequantize(Tensor! out, Tensor weight, Tensor scales, int group_k) -> ()");
   // Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention), states addressed by slot
   // (docs/ARCHITECTURE.md): q, k [N, Hk, Dk], v / out [N, Hv, Dv], a / b [N, Hv] (g and beta, or
   // with A_log and dt_bias the raw projections), state [num_slots, Hv, Dk, Dv], state_slots [B].
@@ -285,6 +297,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&meta_awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
+  m.impl("fp8_gemv", TORCH_BOX(&meta_fp8_gemv));
+  m.impl("fp8_dequantize", TORCH_BOX(&meta_fp8_dequantize));
   m.impl("gated_delta_rule_decode", TORCH_BOX(&meta_gated_delta_rule_decode));
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&meta_gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&meta_causal_conv1d_update));

@@ -258,6 +258,19 @@ def awq_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, qzer
     torch.ops._C.awq_gemv(out, input, qweight, qzeros, scales)
 
 
+def fp8_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
+             bias: torch.Tensor | None = None) -> None:
+    """out [M, N] float16 <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), W = weight
+    float8_e4m3fn [N, K] times scales float32 [N, ceil(K / group_k)] (or [N, 1]), converted in
+    registers (layers/quantization/fp8.py). CUDA only."""
+    torch.ops._C.fp8_gemv(out, input, weight, scales, group_k, bias)
+
+
+def fp8_dequantize(out: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int) -> None:
+    """out [N, K] float16 <- W = weight float8_e4m3fn [N, K] times its scales (as fp8_gemv). CUDA only."""
+    torch.ops._C.fp8_dequantize(out, weight, scales, group_k)
+
+
 def gated_delta_rule_decode(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
                             scale: float, qk_l2norm: bool, A_log: torch.Tensor | None = None,
