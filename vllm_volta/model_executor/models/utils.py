@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_volta.attention.kv_cache_dtype import load_kv_scale
 from vllm_volta.model_executor.layers.linear import default_weight_loader
 
 # (fused parameter, HF checkpoint module, shard id): q/k/v -> qkv_proj, gate/up -> gate_up_proj.
@@ -55,6 +56,8 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
     takes_g_idx = any(n.endswith(".g_idx") for n in params)
     for name, tensor in weights:
         if name.endswith(_SKIPPED_SUFFIXES) or (name.endswith(".g_idx") and not takes_g_idx):
+            continue
+        if load_kv_scale(model, name, tensor):  # an FP8 checkpoint's per-layer k / v scale
             continue
         if tie_word_embeddings and name.startswith("lm_head."):
             continue  # the head shares embed_tokens' weight
