@@ -6,9 +6,15 @@ maps batch sizes (string keys) to launch parameters::
 
     {"1": {"num_splits": 8, "num_warps": 4}, "64": {"num_splits": 1, "num_warps": 8}}
 
+A key may also name a context length, ``"<batch>,<context>"`` (``{"1,4096": {...},
+"1,131072": {...}}``), for kernels whose best launch depends on how long the context is (paged
+decode); a plain batch key means "any context", so files written before context keys load as
+they are.
+
 Files are searched in VLLM_VOLTA_KERNEL_CONFIG_DIR (user-tuned, wins) and then in the shipped
 folder ``vllm_volta/kernel_configs/``. The entry for the nearest batch size is used (the smaller
-one on a tie). With no matching file the caller's default is returned and one warning names the
+one on a tie); among that batch size's context entries, the nearest context on a log scale (the
+smaller on a tie) when the caller gives one. With no matching file the caller's default is returned and one warning names the
 file that was looked for. Tuners (benchmarks/kernels/) write files with ``write_kernel_config``.
 
 The W8A8 block-FP8 GEMM keeps vLLM's own file names and launch-param keys
@@ -26,6 +32,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -79,47 +86,95 @@ def kernel_config_file_name(op: str, *, device_name: str, **shape: Any) -> str:
     return ",".join(parts) + ".json"
 
 
+EntryKey = tuple[int, "int | None"]  # (batch size, context length or None = any context)
+
+
 @dataclass(frozen=True)
 class _ConfigTable:
-    """One parsed file: sorted batch sizes and their launch parameters."""
+    """One parsed file: sorted batch sizes, each with its context-free entry and context entries.
+
+    ``configs[i]`` is batch ``batch_sizes[i]``'s entry when no context is asked for: its
+    any-context entry, else its shortest context's. ``by_context[i]`` holds (context, params)
+    pairs sorted by context (empty for files without context keys).
+    """
 
     path: Path
     batch_sizes: tuple[int, ...]
     configs: tuple[dict[str, Any], ...]
+    by_context: tuple[tuple[tuple[int, dict[str, Any]], ...], ...] = ()
 
-    def nearest(self, batch_size: int) -> dict[str, Any]:
+    def _nearest_batch(self, batch_size: int) -> int:
         i = bisect.bisect_left(self.batch_sizes, batch_size)
         if i == len(self.batch_sizes):
-            return self.configs[-1]
+            return i - 1
         if i > 0 and batch_size - self.batch_sizes[i - 1] <= self.batch_sizes[i] - batch_size:
-            return self.configs[i - 1]
-        return self.configs[i]
+            return i - 1
+        return i
+
+    def nearest(self, batch_size: int, context_len: int | None = None) -> dict[str, Any]:
+        i = self._nearest_batch(batch_size)
+        contexts = self.by_context[i] if self.by_context else ()
+        if context_len is None or not contexts:
+            return self.configs[i]
+        # Log scale (24k is nearer 32k than 16k), by the exact ratio so that a context at the
+        # geometric midpoint ties; the smaller context wins a tie.
+        return min(contexts, key=lambda e: (Fraction(max(e[0], context_len), min(e[0], context_len)), e[0]))[1]
+
+    @classmethod
+    def from_entries(cls, path: Path, entries: list[tuple[EntryKey, dict[str, Any]]]) -> _ConfigTable:
+        """Build from validated entries sorted by (batch, context; any-context first)."""
+        batches: dict[int, list[tuple[int | None, dict[str, Any]]]] = {}
+        for (batch, context), params in entries:
+            batches.setdefault(batch, []).append((context, params))
+        sizes = tuple(sorted(batches))
+        configs = tuple(batches[b][0][1] for b in sizes)  # any-context sorts first
+        by_context = tuple(tuple((c, p) for c, p in batches[b] if c is not None) for b in sizes)
+        return cls(path, sizes, configs, by_context if any(by_context) else ())
 
 
-def _parse_batch_size(key: Any, where: str) -> int:
+def _parse_positive(text: str) -> int:
     try:
-        size = int(key)
+        value = int(text)
     except (TypeError, ValueError):
-        size = 0
-    if isinstance(key, bool) or size < 1 or str(size) != str(key).strip():
-        raise ValueError(f"{where}: batch size keys must be positive integers; got {key!r}")
-    return size
+        return 0
+    return value if str(value) == text.strip() else 0
 
 
-def _validated_entries(data: Any, where: str) -> list[tuple[int, dict[str, Any]]]:
-    """Check a {batch size: {param: value}} mapping; returns entries sorted by batch size."""
+def _parse_key(key: Any, where: str) -> EntryKey:
+    """``"8"`` / ``8`` / ``(8, None)`` -> (8, None); ``"8,4096"`` / ``(8, 4096)`` -> (8, 4096)."""
+    if isinstance(key, tuple) and len(key) == 2:
+        items = key if key[1] is not None else key[:1]
+        parts = [str(k) if isinstance(k, int) and not isinstance(k, bool) else "" for k in items]
+    elif isinstance(key, bool) or not isinstance(key, (int, str)):
+        parts = [""]
+    else:
+        parts = str(key).split(",")
+    values = [_parse_positive(part) for part in parts]
+    if len(values) > 2 or min(values) < 1:
+        raise ValueError(f"{where}: batch size keys must be positive integers, or \"<batch>,<context>\" "
+                         f"with a positive context length; got {key!r}")
+    return (values[0], values[1] if len(values) == 2 else None)
+
+
+def _validated_entries(data: Any, where: str) -> list[tuple[EntryKey, dict[str, Any]]]:
+    """Check a {key: {param: value}} mapping; returns entries sorted by (batch, context), the
+    any-context entry of a batch size first."""
     if not isinstance(data, Mapping) or not data:
         raise ValueError(f"{where}: expected a non-empty mapping of batch size -> launch params")
     entries = []
     for key, params in data.items():
         if not isinstance(params, Mapping):
             raise ValueError(f"{where}: entry {key!r} must be a mapping of launch params")
-        entries.append((_parse_batch_size(key, where), dict(params)))
-    entries.sort(key=lambda e: e[0])
-    sizes = [size for size, _ in entries]
-    if len(set(sizes)) != len(sizes):
-        raise ValueError(f"{where}: duplicate batch sizes {sizes}")
+        entries.append((_parse_key(key, where), dict(params)))
+    entries.sort(key=lambda e: (e[0][0], e[0][1] or 0))
+    keys = [k for k, _ in entries]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{where}: duplicate keys {[_key_text(k) for k in keys]}")
     return entries
+
+
+def _key_text(key: EntryKey) -> str:
+    return str(key[0]) if key[1] is None else f"{key[0]},{key[1]}"
 
 
 def _search_dirs(user_dir: str | None) -> list[Path]:
@@ -141,10 +196,7 @@ def _find_in_dirs(file_name: str, dirs: tuple[Path, ...]) -> _ConfigTable | None
                 data = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ValueError(f"kernel config {path} is not valid JSON: {e}") from e
-            entries = _validated_entries(data, f"kernel config {path}")
-            return _ConfigTable(
-                path, tuple(s for s, _ in entries), tuple(c for _, c in entries)
-            )
+            return _ConfigTable.from_entries(path, _validated_entries(data, f"kernel config {path}"))
     return None
 
 
@@ -155,12 +207,30 @@ def _default_device_name() -> str:
 def load_kernel_config_table(
     op: str, *, device_name: str | None = None, **shape: Any
 ) -> dict[int, dict[str, Any]] | None:
-    """The whole tuned table for (op, shape, device) as {batch size: params}, or None."""
+    """The tuned table for (op, shape, device) as {batch size: params}, or None (a file with
+    context keys: each batch size's any-context entry, else its shortest context's)."""
     file_name = kernel_config_file_name(op, device_name=device_name or _default_device_name(), **shape)
     table = _find_table(file_name, envs.get(_USER_DIR_VAR))
     if table is None:
         return None
     return {size: dict(cfg) for size, cfg in zip(table.batch_sizes, table.configs)}
+
+
+def load_kernel_config_entries(
+    op: str, *, device_name: str | None = None, **shape: Any
+) -> dict[EntryKey, dict[str, Any]] | None:
+    """Every entry of the tuned table as {(batch size, context or None): params}, or None."""
+    file_name = kernel_config_file_name(op, device_name=device_name or _default_device_name(), **shape)
+    table = _find_table(file_name, envs.get(_USER_DIR_VAR))
+    if table is None:
+        return None
+    out: dict[EntryKey, dict[str, Any]] = {}
+    for i, size in enumerate(table.batch_sizes):
+        contexts = table.by_context[i] if table.by_context else ()
+        if not contexts or table.configs[i] is not contexts[0][1]:  # an any-context entry
+            out[(size, None)] = dict(table.configs[i])
+        out.update({(size, c): dict(p) for c, p in contexts})
+    return out
 
 
 def get_kernel_config(
@@ -169,19 +239,25 @@ def get_kernel_config(
     *,
     default: Mapping[str, Any],
     device_name: str | None = None,
+    context_len: int | None = None,
     **shape: Any,
 ) -> dict[str, Any]:
     """Launch params for ``op`` at ``batch_size`` (nearest tuned entry), or a copy of ``default``.
 
-    ``device_name`` defaults to the current device's name. Lookups are cached (this sits in hot
-    paths); call ``clear_kernel_config_cache()`` after editing files outside
+    ``context_len`` picks among the nearest batch size's context entries (nearest on a log
+    scale); tables without context keys ignore it. ``device_name`` defaults to the current
+    device's name. Lookups are cached (this sits in hot paths); callers that pass a context
+    should bucket it, and call ``clear_kernel_config_cache()`` after editing files outside
     ``write_kernel_config``.
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if context_len is not None and (not isinstance(context_len, int) or isinstance(context_len, bool)
+                                    or context_len < 1):
+        raise ValueError(f"context_len must be a positive integer or None; got {context_len!r}")
     found = _cached_lookup(
         op, batch_size, device_name or _default_device_name(), tuple(shape.items()),
-        envs.raw(_USER_DIR_VAR),
+        envs.raw(_USER_DIR_VAR), context_len,
     )
     return dict(default if found is None else found)
 
@@ -193,6 +269,7 @@ def _cached_lookup(
     device_name: str,
     shape_items: tuple[tuple[str, Any], ...],
     user_dir_text: str | None,
+    context_len: int | None = None,
 ) -> dict[str, Any] | None:
     file_name = kernel_config_file_name(op, device_name=device_name, **dict(shape_items))
     user_dir = envs.ENV_VARS[_USER_DIR_VAR].parse(user_dir_text)
@@ -206,18 +283,19 @@ def _cached_lookup(
             file_name, searched, op,
         )
         return None
-    return table.nearest(batch_size)
+    return table.nearest(batch_size, context_len)
 
 
 def write_kernel_config(
     op: str,
-    configs: Mapping[int, Mapping[str, Any]],
+    configs: Mapping[Any, Mapping[str, Any]],
     *,
     device_name: str | None = None,
     directory: str | os.PathLike[str] | None = None,
     **shape: Any,
 ) -> Path:
-    """Write a tuned table (batch size -> launch params) and return the file's path.
+    """Write a tuned table (batch size, or (batch size, context length), -> launch params) and
+    return the file's path.
 
     ``directory`` defaults to VLLM_VOLTA_KERNEL_CONFIG_DIR when set, else the shipped folder.
     The write is atomic (temporary file + rename) and clears the lookup cache.
@@ -229,10 +307,10 @@ def write_kernel_config(
     return _write_table(Path(directory), file_name, entries)
 
 
-def _write_table(folder: Path, file_name: str, entries: list[tuple[int, dict[str, Any]]]) -> Path:
+def _write_table(folder: Path, file_name: str, entries: list[tuple[EntryKey, dict[str, Any]]]) -> Path:
     """Atomic write (temporary file + rename) of a validated table; clears the lookup cache."""
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({str(size): params for size, params in entries}, indent=4) + "\n"
+    text = json.dumps({_key_text(key): params for key, params in entries}, indent=4) + "\n"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
@@ -287,6 +365,8 @@ def _w8a8_dirs(ours: str | None, vllms: str | None) -> tuple[Path, ...]:
 
 
 def _check_w8a8_table(table: _ConfigTable, block_k: int) -> None:
+    if table.by_context:
+        raise ValueError(f"kernel config {table.path}: vLLM's W8A8 files are keyed by batch size only")
     for size, cfg in zip(table.batch_sizes, table.configs):
         missing = [key for key in W8A8_CONFIG_KEYS if key not in cfg]
         bad = [key for key in W8A8_CONFIG_KEYS if key in cfg and
@@ -344,7 +424,7 @@ def write_w8a8_block_fp8_configs(configs: Mapping[int, Mapping[str, Any]], n: in
     defaults to VLLM_VOLTA_KERNEL_CONFIG_DIR, then VLLM_TUNED_CONFIG_FOLDER, then the shipped folder."""
     file_name = w8a8_block_fp8_file_name(n, k, block_shape, device_name=device_name or _default_device_name())
     entries = _validated_entries(configs, f"configs for {file_name}")
-    table = _ConfigTable(Path(file_name), tuple(s for s, _ in entries), tuple(c for _, c in entries))
+    table = _ConfigTable.from_entries(Path(file_name), entries)
     _check_w8a8_table(table, block_shape[1])
     folder = directory or envs.get(_USER_DIR_VAR) or envs.get(_VLLM_USER_DIR_VAR) or SHIPPED_CONFIG_DIR
     return _write_table(Path(folder), file_name, entries)

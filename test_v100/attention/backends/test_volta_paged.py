@@ -208,8 +208,9 @@ def test_decode_launch_without_a_tuned_table_is_the_default_for_this_gpu(monkeyp
     ours, _ = _layers(24, 4, 64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for num_seqs in (1, 40, 400):
-        assert ours.impl._launch_config(num_seqs, torch.float16, torch.device("cuda")) == \
-            default_launch_config(num_seqs, 24, 4, sms)
+        for context in (640, 40960):
+            assert ours.impl._launch_config(num_seqs, context, torch.float16, torch.device("cuda")) == \
+                default_launch_config(num_seqs, 24, 4, sms, context)
     clear_kernel_config_cache()
 
 

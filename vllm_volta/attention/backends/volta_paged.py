@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
+from vllm_volta.attention.backends.paged_decode_launch import (  # noqa: F401 (heads_per_block: re-exported)
+    context_bucket, default_launch_config, heads_per_block)
 from vllm_volta.attention.explicit import soft_capped_prefill
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.host_copy import to_device
@@ -43,37 +45,6 @@ _LAUNCH_KEYS = ("partition_size", "num_threads")
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
 
 logger = init_logger(__name__)
-
-
-def heads_per_block(group: int) -> int:
-    """Query heads per block of the decode kernel for a GQA group (query heads per KV head): the
-    group when <= 8, else its largest divisor <= 8 (as csrc/attention_kernels.cu splits it)."""
-    chunks = -(-group // 8)
-    while group % chunks:
-        chunks += 1
-    return group // chunks
-
-
-def default_launch_config(num_seqs: int, num_heads: int, num_kv_heads: int, num_sms: int) -> dict[str, int]:
-    """The decode launch on a device without a tuned table (every GPU but the H200 as shipped),
-    by how many blocks one partition of the grid puts on each SM (a block: the heads of one KV head,
-    up to 8, of one sequence): under 0.75, partitions of 128 tokens split the context over the
-    SMs; under 2, 256; from 2 on, 1024 with 192 threads (fewer partials to combine).
-
-    Fitted to an H200 sweep of every partition of 64-1024 tokens with 128 / 192 threads, both
-    modes, 12 / 2 and 32 / 8 heads of 128, batch 1-256, contexts of 640 and 4096 tokens: 3% slower
-    than each shape's best launch on average, 19% at worst, where the fixed 512 / 128 it replaces
-    was 1.5-2.1x slower than the best at 0.02-0.5 blocks per SM (e.g. batch 1: 15.5 against 8.2 us
-    at 640 tokens). End to end on the H200 without its tables, ms per token, fixed -> this rule
-    (tuned): Qwen2.5-1.5B batch 1 1.484 -> 1.333 (1.312), batch 16 2.006 -> 1.859 (1.846);
-    Llama-3-8B batch 1 4.271 -> 4.106 (4.105)."""
-    blocks = num_seqs * num_heads // heads_per_block(num_heads // num_kv_heads)
-    per_sm = blocks / max(num_sms, 1)
-    if per_sm < 0.75:
-        return {"partition_size": 128, "num_threads": 128}
-    if per_sm < 2:
-        return {"partition_size": 256, "num_threads": 128}
-    return {"partition_size": 1024, "num_threads": 192}
 
 
 def choose_prefill_kernel(capability: DeviceCapability | None, dtype: torch.dtype,
@@ -233,7 +204,7 @@ class VoltaPagedImpl(AttentionImplBase):
                  sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         super().__init__(num_heads, head_size, scale, num_kv_heads, sliding_window=sliding_window,
                          logits_soft_cap=logits_soft_cap)
-        self._launch_configs: dict[tuple[int, torch.dtype], dict[str, Any]] = {}
+        self._launch_configs: dict[tuple[int, int, torch.dtype], dict[str, Any]] = {}
         self.prefill_kernel: str | None = None  # "flash" / "efficient", chosen at the first prefill
 
     def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -287,17 +258,31 @@ class VoltaPagedImpl(AttentionImplBase):
             out[part.rows] = result
         return output
 
-    def _launch_config(self, num_seqs: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-        key = (num_seqs, dtype)
+    def _launch_config(self, num_seqs: int, max_seq_len: int, dtype: torch.dtype,
+                       device: torch.device) -> dict[str, Any]:
+        """(partition_size, num_threads) for a decode launch whose grid spans ``max_seq_len``.
+
+        Looked up by batch size and context (tuned table, else default_launch_config), cached
+        per (batch, quarter-octave context bucket) so the host cost is one dict lookup. A CUDA
+        graph bakes in the launch of its capture, where max_seq_len is the graph's bound
+        (max_model_len, capped by max_seq_len_to_capture): its replays keep the launch for that
+        longest context, and the partitions past a sequence's end exit at once. That favours long
+        contexts (the attention is a large share of the step there, and too many short partitions
+        cost reduce work); a short context in a long graph only runs on fewer blocks.
+        """
+        span = max_seq_len if self.sliding_window is None else min(max_seq_len, self.sliding_window)
+        key = (num_seqs, context_bucket(span), dtype)
         cfg = self._launch_configs.get(key)
         if cfg is None:
             from vllm_volta.kernel_configs import get_kernel_config
 
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            default = default_launch_config(num_seqs, self.num_heads, self.num_kv_heads, sms)
-            cfg = get_kernel_config("paged_attention_decode", num_seqs, default=default,
+            default = default_launch_config(num_seqs, self.num_heads, self.num_kv_heads, sms, key[1])
+            cfg = get_kernel_config("paged_attention_decode", num_seqs, default=default, context_len=key[1],
                                     head_size=self.head_size, num_kv_heads=self.num_kv_heads, dtype=dtype)
             cfg = self._launch_configs[key] = {k: int(cfg[k]) for k in _LAUNCH_KEYS}
+            logger.debug("VOLTA_PAGED decode launch for batch %d, context <= %d (%s): %s", num_seqs, key[1],
+                         dtype, cfg)
         return cfg
 
     def _decode(self, out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -305,7 +290,7 @@ class VoltaPagedImpl(AttentionImplBase):
         from vllm_volta import _custom_ops as ops
 
         ops.paged_attention_decode(out, q, kv_cache, block_table, seq_lens, self.scale, max_seq_len,
-                                   **self._launch_config(q.shape[0], q.dtype, q.device),
+                                   **self._launch_config(q.shape[0], max_seq_len, q.dtype, q.device),
                                    sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
 
     def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
