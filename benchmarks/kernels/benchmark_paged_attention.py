@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from benchmarks.kernels.kernel_timing import time_per_call_graphed  # noqa: E402
 from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, require_cuda, run_and_emit  # noqa: E402
 from vllm_volta import _custom_ops as ops  # noqa: E402
-from vllm_volta.attention.backends.volta_paged import default_launch_config  # noqa: E402
+from vllm_volta.attention.backends.paged_decode_launch import context_bucket, default_launch_config  # noqa: E402
 
 TARGET_FRACTION = 0.75
 
@@ -100,20 +100,21 @@ def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[s
 
 def launch_config(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, int], str]:
     """--partition-size / --num-threads (the other one from the default), else the tuned table's
-    entry for the nearest batch size, else the backend's default for this device."""
+    entry for the nearest batch size and context (the grid's span, bucketed as VOLTA_PAGED does),
+    else the backend's default for this device."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    default = default_launch_config(args.batch_size, args.num_heads, args.num_kv_heads, sms)
+    span = context_bucket(min(args.max_seq_len, args.sliding_window or args.max_seq_len))
+    default = default_launch_config(args.batch_size, args.num_heads, args.num_kv_heads, sms, span)
     if args.partition_size is not None or args.num_threads is not None:
         return {"partition_size": args.partition_size or default["partition_size"],
                 "num_threads": args.num_threads or default["num_threads"]}, "command line"
-    from vllm_volta.kernel_configs import load_kernel_config_table
+    from vllm_volta.kernel_configs import get_kernel_config, load_kernel_config_entries
 
-    table = load_kernel_config_table("paged_attention_decode", head_size=args.head_size,
-                                     num_kv_heads=args.num_kv_heads, dtype=parse_dtype(args.dtype))
-    if not table:
+    shape = dict(head_size=args.head_size, num_kv_heads=args.num_kv_heads, dtype=parse_dtype(args.dtype))
+    if not load_kernel_config_entries("paged_attention_decode", **shape):
         return default, "default (no tuned table for this device)"
-    nearest = min(table, key=lambda b: (abs(b - args.batch_size), b))
-    return {k: int(table[nearest][k]) for k in default}, f"tuned (batch {nearest})"
+    cfg = get_kernel_config("paged_attention_decode", args.batch_size, default=default, context_len=span, **shape)
+    return {k: int(cfg[k]) for k in default}, f"tuned (batch {args.batch_size}, context {span})"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
