@@ -147,6 +147,17 @@ def test_align_reference_leaves_other_ranks_pairs_out():
     assert experts_ids.tolist()[:2] == [0, 1] and (experts_ids[2:] == -1).all()
 
 
+def test_expert_parallel_config_prefers_the_grouped_gemm():
+    """GEMVs would re-read a local expert for every other rank's pair: 16-bit batches take the
+    grouped GEMM, float32 (no tensor-core path) and the other paths are kept."""
+    gemv = {"path": "gemv", "rows_per_block": 4}
+    assert fused_moe.expert_parallel_config(gemv, torch.float16) == {"path": "gemm", "block_size": 16}
+    assert fused_moe.expert_parallel_config(gemv, torch.bfloat16) == {"path": "gemm", "block_size": 16}
+    assert fused_moe.expert_parallel_config(gemv, torch.float32) is gemv
+    for kept in ({"path": "gemm", "block_size": 64}, {"path": "host"}):
+        assert fused_moe.expert_parallel_config(kept, torch.float16) is kept
+
+
 def _reference_local(x, experts, held, ids, weights, act):
     """float64 sum over each token's chosen experts that this rank holds."""
     out = torch.zeros(x.shape, dtype=torch.float64)

@@ -18,7 +18,8 @@ With expert parallelism the weights hold this rank's experts only and ``expert_m
 -1 for experts on other ranks) turns the global ids into local ones: the grouped GEMM's expert
 ordering leaves the -1 pairs out and their rows of the [T, k, H] products stay zero; the GEMVs
 (which read one expert per pair) see those pairs as local expert 0 with weight 0, so they add
-nothing (their reads of expert 0's rows are the price of keeping the launch shape fixed).
+nothing; those reads of expert 0's rows are why the MoE layer sends 16-bit decode batches to the
+grouped GEMM under expert parallelism (``expert_parallel_config``).
 
 A third choice, ``host``, leaves a batch to the layer's host-grouped cuBLAS loop (eager steps
 only: inside a CUDA-graph capture the device path runs instead). Which path, ``rows_per_block``
@@ -64,6 +65,17 @@ def capturable_config(config: dict[str, Any], tokens: int, num_experts: int, top
     if dtype == torch.float32:
         return {"path": "gemv", "rows_per_block": 0}
     return default_config(max(tokens, DECODE_MAX_TOKENS + 1), num_experts, top_k, dtype)
+
+
+def expert_parallel_config(config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """``config`` for a layer holding only this rank's experts: the GEMVs read one expert per
+    pair, so every pair of another rank's expert would re-read local expert 0's rows (most pairs,
+    with many ranks); the grouped GEMM leaves those pairs out and reads each used local expert
+    once. 16-bit GEMV batches therefore take the grouped GEMM (16-row blocks); float32 (no
+    tensor-core path) keeps the GEMVs."""
+    if config["path"] == "gemv" and dtype != torch.float32:
+        return {"path": "gemm", "block_size": BLOCK_SIZES[0]}
+    return config
 
 
 def check_config(config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:

@@ -135,14 +135,22 @@ class MoE(nn.Module):
             config = self._kernel_config(tokens, x.dtype)
             if torch.cuda.is_current_stream_capturing():  # no host path inside a graph
                 config = fused_moe.capturable_config(config, tokens, self.num_experts, self.top_k, x.dtype)
+            if self.expert_map is not None:
+                config = fused_moe.expert_parallel_config(config, x.dtype)
             if config["path"] != "host":
-                info_once(logger, "MoE experts on the device (%s, %s): decode GEMVs or a grouped GEMM by "
-                          "token count (fused_moe kernel configs, else GEMVs up to %d tokens)",
-                          str(x.dtype).removeprefix("torch."), self.hidden_act, fused_moe.DECODE_MAX_TOKENS)
+                dtype = str(x.dtype).removeprefix("torch.")
+                if self.expert_map is None:
+                    info_once(logger, "MoE experts on the device (%s, %s): decode GEMVs or a grouped GEMM by "
+                              "token count (fused_moe kernel configs, else GEMVs up to %d tokens)",
+                              dtype, self.hidden_act, fused_moe.DECODE_MAX_TOKENS)
+                else:
+                    info_once(logger, "MoE experts on the device with expert parallelism (%s, %s): the grouped "
+                              "GEMM over this rank's experts' pairs at every batch size (float32: GEMVs)",
+                              dtype, self.hidden_act)
                 return fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config,
                                                fused_moe.ACTIVATIONS[self.hidden_act], self.expert_map)
         if self.expert_map is not None:
-            ids = self.expert_map[ids.long()]
+            ids = fused_moe.local_ids(ids, self.expert_map)
         return self._forward_host_grouped(x, ids, weights.to(x.dtype))
 
     def _forward_host_grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
