@@ -8,12 +8,14 @@ scale to every row of its projection), so tensor-parallel shards and fused q/k/v
 layers slice the scales exactly as they slice the weight, wherever the shard boundary falls in a
 block. A row-parallel rank's inputs must be whole K blocks (else a clear error at build time).
 
-x W^T runs one of two paths (``fp8_kernel_path``):
+x W^T runs one of three paths (``fp8_kernel_path``):
 - W8A8 on GPUs with FP8 tensor cores (SM89+), checkpoints with FP8 activations: Triton GEMM
   (fp8_kernels.py), x quantized per token and 128-wide group (bk for block checkpoints); a
   checkpoint's static ``input_scale`` loads (the fused projections' maximum) but the dynamic
   per-group scales, finer than one per tensor, are used;
-- elsewhere (V100 / T4 / A100, the CPU, weight-only checkpoints): W = weight * scales in the
+- other CUDA GPUs (V100 / T4 / A100) and weight-only checkpoints, in float16: W8A16 CUDA kernels
+  that keep the weight in FP8 and convert it in registers (fp8_sm70.py);
+- elsewhere (the CPU, bfloat16, shapes the kernels do not take): W = weight * scales in the
   activation dtype each call, then one GEMM (cuBLAS / the CPU's).
 A layer whose checkpoint ``weight`` is float (the ignore lists) becomes a dense layer as it loads.
 """
@@ -28,7 +30,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from vllm_volta.logger import info_once, init_logger
+from vllm_volta.model_executor.layers.quantization import fp8_sm70
 from vllm_volta.model_executor.layers.quantization.fp8_config import Fp8Config
+from vllm_volta.model_executor.layers.quantization.fp8_sm70 import sm70_kernels_reason
 
 logger = init_logger(__name__)
 
@@ -64,8 +68,12 @@ def fp8_kernel_path(config: Fp8Config, device: torch.device, dtype: torch.dtype)
         group = config.block_shape[1] if config.block_shape else 128
         return (f"W8A8 Triton FP8 GEMM (activations quantized per token and {group}-wide group, "
                 "tuned configs by vLLM's file names)")
+    sm70_why_not = sm70_kernels_reason(device, dtype)
+    if sm70_why_not is None:
+        return f"{fp8_sm70.describe()} ({why_not})"
     gemm = "cuBLAS" if device.type == "cuda" else "the CPU GEMM"
-    return f"weight-only FP8: dequantized to {str(dtype).removeprefix('torch.')} each call, then {gemm} ({why_not})"
+    reasons = why_not if device.type != "cuda" else f"{why_not}; {sm70_why_not}"
+    return f"weight-only FP8: dequantized to {str(dtype).removeprefix('torch.')} each call, then {gemm} ({reasons})"
 
 
 def _checkpoint_rows(layer: nn.Module, shard: Any) -> int:
@@ -97,6 +105,7 @@ class Fp8LinearMethod:
     def __init__(self, config: Fp8Config) -> None:
         self.config = config
         self._paths: dict[torch.device, bool] = {}  # device -> Triton W8A8 GEMM or not
+        self._sm70: dict[tuple[torch.device, torch.dtype], bool] = {}  # -> the SM70 FP8 kernels or not
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        params_dtype: torch.dtype | None) -> None:
@@ -223,6 +232,14 @@ class Fp8LinearMethod:
             use = self._paths[device] = _w8a8_reason(self.config, device) is None
         return use
 
+    def _use_sm70(self, layer: nn.Module, x: torch.Tensor) -> bool:
+        """Whether the SM70 FP8 kernels (fp8_sm70.py) compute this layer's x W^T."""
+        key = (x.device, x.dtype)
+        use = self._sm70.get(key)
+        if use is None:
+            use = self._sm70[key] = sm70_kernels_reason(x.device, x.dtype) is None
+        return use and fp8_sm70.layer_fits(layer.weight.shape[1], layer.fp8_group_k, self.scales(layer).shape[1])
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W^T + bias [..., N]."""
         if layer.quant_kind == _DENSE:
@@ -233,6 +250,8 @@ class Fp8LinearMethod:
             block = self.config.block_shape or (128, 128)  # per-channel / tensor: 128-wide activation groups
             out = w8a8_block_fp8_linear(x, layer.weight, self.scales(layer), block)
             return out if bias is None else out + bias
+        if self._use_sm70(layer, x):
+            return fp8_sm70.fp8_w8a16_linear(x, layer.weight, self.scales(layer), layer.fp8_group_k, bias)
         return F.linear(x, self.dense_weight(layer, x.dtype), bias)
 
 

@@ -1,0 +1,118 @@
+"""Which code computes an FP8 layer's x W^T (fp8.py / fp8_sm70.py), without a GPU: the path per compute
+capability (VLLM_VOLTA_DEVICE_CAPABILITY on a CUDA platform object), dtype and build, and the layer's
+calls into the SM70 kernels (fp8_gemv up to 8 rows, fp8_dequantize + GEMM above) with the kernels
+replaced by float64 stand-ins, checked against x W. test_v100/csrc/test_fp8_ops.py runs the kernels on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_volta import _custom_ops as ops
+from vllm_volta.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm_volta.model_executor.layers.quantization import fp8 as fp8_module
+from vllm_volta.model_executor.layers.quantization import quantization
+from vllm_volta.model_executor.layers.quantization.fp8 import fp8_kernel_path
+from vllm_volta.model_executor.layers.quantization.fp8_sm70 import PATH_NAME, layer_fits
+from vllm_volta.platforms.cuda import CudaPlatform
+
+from .fp8_checkpoints import Fp8Scheme, config_of
+
+CUDA = torch.device("cuda")
+BLOCK = config_of(Fp8Scheme("fp8", "block", (128, 128)))  # dynamic activations: W8A8 where it can run
+W8A16 = config_of(Fp8Scheme("compressed-tensors", "channel", acts=None))
+
+
+@pytest.fixture
+def cuda_platform(monkeypatch):
+    """A CUDA platform whose capability comes from VLLM_VOLTA_DEVICE_CAPABILITY, and a build with
+    the FP8 CUDA kernels; returns a setter of the capability."""
+    monkeypatch.setattr("vllm_volta.platforms.current_platform", CudaPlatform(), raising=False)
+    monkeypatch.setattr(ops, "has_cuda_kernel", lambda op: True)
+    return lambda cap: monkeypatch.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", cap)
+
+
+@pytest.mark.parametrize("cap,config,path", [
+    ("7.0", BLOCK, "sm70"), ("7.5", BLOCK, "sm70"), ("8.0", BLOCK, "sm70"), ("8.6", BLOCK, "sm70"),
+    ("8.9", BLOCK, "triton"), ("9.0", BLOCK, "triton"),
+    ("7.0", W8A16, "sm70"), ("9.0", W8A16, "sm70"),  # weight-only: no activation quantization anywhere
+])
+def test_path_per_capability(cuda_platform, cap, config, path):
+    pytest.importorskip("triton")
+    cuda_platform(cap)
+    got = fp8_kernel_path(config, CUDA, torch.float16)
+    if path == "triton":
+        assert got.startswith("W8A8 Triton FP8 GEMM")
+    else:
+        assert got.startswith(PATH_NAME) and "fp8_gemv for steps of up to 8 rows" in got
+        reason = "no activation quantization" if config is W8A16 else f"SM{cap.replace('.', '')} has no FP8 tensor cores"
+        assert reason in got
+
+
+def test_bfloat16_and_cpu_and_builds_without_kernels_dequantize(cuda_platform, monkeypatch):
+    cuda_platform("8.0")
+    got = fp8_kernel_path(BLOCK, CUDA, torch.bfloat16)
+    assert got.startswith("weight-only FP8: dequantized to bfloat16 each call, then cuBLAS")
+    assert "the FP8 CUDA kernels compute in float16 (here bfloat16)" in got
+    assert fp8_kernel_path(BLOCK, torch.device("cpu"), torch.float16).startswith(
+        "weight-only FP8: dequantized to float16 each call, then the CPU GEMM")
+    monkeypatch.setattr(ops, "has_cuda_kernel", lambda op: False)
+    assert "this build of vllm_volta._C has no CUDA kernels" in fp8_kernel_path(BLOCK, CUDA, torch.float16)
+
+
+def test_layer_shapes_the_kernels_take():
+    assert layer_fits(4096, 128, 32) and layer_fits(400, 64, 7) and layer_fits(96, 96, 1)
+    assert not layer_fits(100, 100, 1)  # K not whole 16-byte vectors
+    assert not layer_fits(96, 24, 4)  # a vector would straddle two scale groups
+
+
+def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
+    """fp8_gemv / fp8_dequantize as float64 PyTorch with the kernels' contracts checked."""
+    def dense(weight, scales, group_k):
+        cols = torch.arange(weight.shape[1]) // group_k if scales.shape[1] > 1 else torch.zeros(weight.shape[1], dtype=torch.long)
+        return weight.double() * scales.double()[:, cols]
+
+    def fp8_gemv(out, input, weight, scales, group_k, bias):
+        assert 1 <= input.shape[0] <= 8 and input.stride(-1) == 1 and out.dtype == input.dtype == torch.float16
+        calls.append("gemv")
+        y = input.double() @ dense(weight, scales, group_k).t()
+        out.copy_(y if bias is None else y + bias.double())
+
+    def fp8_dequantize(out, weight, scales, group_k):
+        calls.append("dequantize")
+        out.copy_(dense(weight, scales, group_k))
+
+    monkeypatch.setattr(ops, "fp8_gemv", fp8_gemv)
+    monkeypatch.setattr(ops, "fp8_dequantize", fp8_dequantize)
+    monkeypatch.setattr(fp8_module, "sm70_kernels_reason", lambda device, dtype: None)
+
+
+@pytest.mark.parametrize("name,scheme", [("block", Fp8Scheme("fp8", "block", (64, 64))),
+                                         ("channel", Fp8Scheme("compressed-tensors", "channel", acts=None))])
+def test_layers_call_the_kernels_by_rows(monkeypatch, name, scheme):
+    """Up to 8 rows through fp8_gemv, more through fp8_dequantize and a GEMM; a 3-D input, a bias;
+    K = 100 (not whole vectors) stays on PyTorch's dequantization."""
+    calls: list[str] = []
+    _stand_in_kernels(monkeypatch, calls)
+    gen = torch.Generator().manual_seed(0)
+    with quantization(config_of(scheme)):
+        qkv = QKVParallelLinear(192, 32, 4, 2, bias=True, params_dtype=torch.float16)
+        odd = RowParallelLinear(100, 48, params_dtype=torch.float16)
+    for layer, shards in ((qkv, [("q", 128), ("k", 64), ("v", 64)]), (odd, [(None, 48)])):
+        params = dict(layer.named_parameters())
+        dense = []
+        for shard, n in shards:
+            qt = scheme.quantize(torch.randn(n, layer.input_size, generator=gen) * 0.1)
+            for pname, tensor in scheme.tensors(qt).items():
+                params[pname].weight_loader(params[pname], tensor, *(() if shard is None else (shard,)))
+            dense.append(qt.dense)
+        w = torch.cat(dense)
+        if layer.bias is not None:
+            layer.bias.data.copy_(torch.randn(w.shape[0], generator=gen))
+        for rows, want_call in ((1, "gemv"), (8, "gemv"), (9, "dequantize")):
+            calls.clear()
+            x = torch.randn(1, rows, layer.input_size, generator=gen).half()
+            got = layer(x)
+            want = x.double() @ w.t() + (0 if layer.bias is None else layer.bias.double())
+            assert calls == ([want_call] if layer is qkv else [])
+            torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
