@@ -1,6 +1,7 @@
 """Expert parallelism through the engine on CPU (gloo): with enable_expert_parallel and two ranks,
-Mixtral, Qwen2-MoE (shared expert) and Qwen3.5-MoE (Gated DeltaNet, shared expert) give the
-greedy tokens of one process and of plain tensor parallelism; each rank's model holds only its
+Mixtral, Qwen2-MoE (shared expert), Qwen3.5-MoE (Gated DeltaNet, shared expert) and Gemma 4's MoE
+kind (experts beside a dense MLP) give the greedy tokens of one process, and of plain tensor
+parallelism where a shared expert joins the experts' all-reduce; each rank's model holds only its
 own experts (whole) while the other layers stay tensor-parallel; bad configurations are refused."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from test_v100.model_executor.models.hf_compare import load_ours
-from test_v100.worker.tiny_models import random_prompts, save_tiny_model, tiny_config
+from test_v100.worker.tiny_models import VOCAB_SIZE, random_prompts, save_tiny_model, tiny_config
 from vllm_volta.engine.arg_utils import EngineArgs
 from vllm_volta.engine.llm_engine import LLMEngine
 from vllm_volta.model_executor.layers.expert_parallel import expert_parallel, linear_placement
@@ -18,10 +19,14 @@ from vllm_volta.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) expert parallelism")
 
-ARCHS = ("mixtral", "qwen2_moe", "qwen3_5_moe")
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_5_moe", "gemma4")
 
 
 def _save(path, arch: str) -> None:
+    if arch == "gemma4":  # 4 experts, top-2, beside the GeGLU MLP
+        from test_v100.model_executor.models.test_gemma4 import save_hf, text_config
+        save_hf(text_config("moe", vocab_size=VOCAB_SIZE), path)
+        return
     if arch != "qwen2_moe":
         save_tiny_model(path, arch, seed=ARCHS.index(arch))
         return
@@ -63,11 +68,11 @@ def _greedy(path, prompts, **engine_kwargs) -> list[list[int]]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ep2_matches_one_process_and_tp2(checkpoints, arch):
     """Tensor parallelism too where the shared expert now shares the routed experts' all-reduce
-    (Mixtral's TP path is the layer's, summed as test_expert_parallel.py checks)."""
+    (elsewhere the TP path is the layer's, whose shares test_expert_parallel.py sums)."""
     prompts = random_prompts(3, 5, 40, seed=ARCHS.index(arch))
     one = _greedy(checkpoints[arch], prompts)
     assert _greedy(checkpoints[arch], prompts, tensor_parallel_size=2, enable_expert_parallel=True) == one
-    if arch != "mixtral":
+    if arch in ("qwen2_moe", "qwen3_5_moe"):
         assert _greedy(checkpoints[arch], prompts, tensor_parallel_size=2) == one
 
 
