@@ -215,14 +215,15 @@ def test_device_path_with_an_expert_map(dtype, tokens, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [2, 33])
 def test_moe_layer_on_the_device_matches_the_host_path_per_rank(set_tp, tokens):
-    """The MoE layer of each EP rank on CUDA (device path) against the same rank on the CPU
-    (host-grouped PyTorch path), float16 weights."""
+    """The MoE layer of each EP rank on CUDA (device path: the grouped GEMM at every size) against
+    the same rank on the CPU (host-grouped PyTorch path), float16 weights, on the same routing
+    (float16 router logits could flip a near tie)."""
     from vllm_volta import _custom_ops as ops
     if not ops.has_cuda_kernel("moe_gemv_silu_and_mul"):
         pytest.skip("this build has no CUDA mixture-of-experts kernels")
     hidden, inter, num_experts = 64, 96, 6
     experts, router = _random_experts(num_experts, hidden, inter, seed=7)
-    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(8)).half().float()
     for rank in range(2):
         set_tp(rank, 2)
         with expert_parallel(True):
@@ -232,6 +233,10 @@ def test_moe_layer_on_the_device_matches_the_host_path_per_rank(set_tp, tokens):
         device.load_state_dict(host.state_dict())
         device.half()
         assert device.device_path_reason() is None and device.expert_map.is_cuda
-        expected = host.float().forward_local(x)
+        host.float()
+        ids, weights = host.route(x)
+        host.route = lambda _, routed=(ids, weights): routed
+        device.route = lambda _, routed=(ids.cuda(), weights.cuda()): routed
+        expected = host.forward_local(x)
         got = device.forward_local(x.half().cuda())
         torch.testing.assert_close(got.float().cpu(), expected, atol=2e-2, rtol=2e-2)
