@@ -52,6 +52,21 @@ def test_placement_errors():
         linear_placement(8, 0, 0)
 
 
+def test_the_flag_reaches_the_parallel_config_from_the_server_cli():
+    import argparse
+
+    from vllm_volta.config import ParallelConfig
+    from vllm_volta.engine.arg_utils import EngineArgs
+    from vllm_volta.entrypoints.openai.cli_args import add_server_args, build_engine_args
+    args = add_server_args(argparse.ArgumentParser()).parse_args(["--enable-expert-parallel",
+                                                                  "--tensor-parallel-size", "2"])
+    engine_args = build_engine_args(args)
+    assert engine_args.enable_expert_parallel is True and EngineArgs().enable_expert_parallel is False
+    assert ParallelConfig(2, enable_expert_parallel=True).enable_expert_parallel
+    with pytest.raises(ValueError, match="enable_expert_parallel must be True or False, got 'yes'"):
+        ParallelConfig(2, enable_expert_parallel="yes")
+
+
 def _random_experts(num_experts: int, hidden: int, inter: int, seed: int = 0):
     """Per-expert checkpoint tensors (gate [I, H], up [I, H], down [H, I]) and router weight."""
     g = torch.Generator().manual_seed(seed)
