@@ -104,6 +104,21 @@ def test_each_rank_loads_only_its_experts(checkpoints, arch, set_tp):
     assert sum(rank_bytes) == sum(m.w13.nbytes + m.w2.nbytes for m in whole_moes.values())
 
 
+@pytest.mark.parametrize("ep", [True, False], ids=["ep", "tp"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_5_moe"])
+def test_rank_shares_sum_to_the_whole_block(checkpoints, arch, ep, set_tp):
+    """Each rank's forward_local (routed experts plus the TP-sharded shared expert, before the
+    all-reduce) over both ranks adds up to the one-rank MoE block."""
+    name, whole = next(iter(_moes(load_ours(checkpoints[arch])).items()))
+    x = torch.randn(7, whole.gate.weight.shape[1], generator=torch.Generator().manual_seed(2))
+    total = torch.zeros_like(x)
+    for rank in range(2):
+        set_tp(rank, 2)
+        with expert_parallel(ep):
+            total += _moes(load_ours(checkpoints[arch]))[name].forward_local(x)
+    torch.testing.assert_close(total, whole(x), atol=1e-5, rtol=1e-5)
+
+
 def test_too_many_ranks_for_the_experts_is_refused(tmp_path):
     save_tiny_model(tmp_path, "mixtral", num_local_experts=1, num_experts_per_tok=1)
     with pytest.raises(Exception, match=r"enable_expert_parallel: num_experts \(1\) must be at least the expert "
