@@ -17,7 +17,7 @@ from vllm_volta.model_executor.layers.expert_parallel import expert_parallel, li
 from vllm_volta.model_executor.layers.moe import MoE
 from vllm_volta.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) expert parallelism")
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) expert parallelism")
 
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_5_moe", "gemma4")
 
@@ -51,7 +51,9 @@ def checkpoints(tmp_path_factory):
 
 
 def _greedy(path, prompts, **engine_kwargs) -> list[list[int]]:
-    engine = LLMEngine.from_engine_args(EngineArgs(model=str(path), skip_tokenizer_init=True, cpu_kvcache_space=0.01,
+    if not torch.cuda.is_available():
+        engine_kwargs.setdefault("cpu_kvcache_space", 0.01)
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(path), skip_tokenizer_init=True,
                                                    max_num_batched_tokens=32, **engine_kwargs))
     try:
         params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -65,6 +67,7 @@ def _greedy(path, prompts, **engine_kwargs) -> list[list[int]]:
     return [list(final[str(i)].outputs[0].token_ids) for i in range(len(prompts))]
 
 
+@cpu_only
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ep2_matches_one_process_and_tp2(checkpoints, arch):
     """Tensor parallelism too where the shared expert now shares the routed experts' all-reduce
@@ -119,6 +122,7 @@ def test_rank_shares_sum_to_the_whole_block(checkpoints, arch, ep, set_tp):
     torch.testing.assert_close(total, whole(x), atol=1e-5, rtol=1e-5)
 
 
+@cpu_only
 def test_too_many_ranks_for_the_experts_is_refused(tmp_path):
     save_tiny_model(tmp_path, "mixtral", num_local_experts=1, num_experts_per_tok=1)
     with pytest.raises(Exception, match=r"enable_expert_parallel: num_experts \(1\) must be at least the expert "
@@ -126,7 +130,20 @@ def test_too_many_ranks_for_the_experts_is_refused(tmp_path):
         _greedy(tmp_path, [[5, 6, 7]], tensor_parallel_size=2, enable_expert_parallel=True)
 
 
+@cpu_only
 def test_a_dense_model_runs_with_the_flag(tmp_path):
     save_tiny_model(tmp_path, "qwen2")
     prompts = random_prompts(2, 5, 20, seed=9)
     assert _greedy(tmp_path, prompts, enable_expert_parallel=True) == _greedy(tmp_path, prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_ep2_on_gpus_matches_one_gpu(checkpoints, arch):
+    """Two GPUs (NCCL), float32: the experts' decode GEMVs with other ranks' pairs weighted 0, and
+    the host-grouped cuBLAS loop over local experts for prompts."""
+    prompts = random_prompts(3, 5, 40, seed=ARCHS.index(arch))
+    common = dict(dtype="float32", gpu_memory_utilization=0.2)
+    one = _greedy(checkpoints[arch], prompts, **common)
+    assert _greedy(checkpoints[arch], prompts, tensor_parallel_size=2, enable_expert_parallel=True, **common) == one
