@@ -51,17 +51,17 @@ inline Fp8WeightArgs check_fp8_dequantize_args(const Tensor& out, const Tensor& 
   return a;
 }
 
-// input float16 [M, K] (1 <= M <= 8, contiguous rows, row stride a multiple of 8), out float16
-// [M, N] (contiguous rows), bias float16 [N] (contiguous) or none.
-inline Fp8WeightArgs check_fp8_gemv_args(const Tensor& out, const Tensor& input, const Tensor& weight,
-                                         const Tensor& scales, int64_t group_k, const std::optional<Tensor>& bias) {
-  const char* op = "fp8_gemv";
+// input float16 [M, K] (fp8_gemv: 1 <= M <= 8; fp8_gemm: 1 <= M < 2^31; contiguous rows, row
+// stride a multiple of 8), out float16 [M, N] (contiguous rows), bias float16 [N] (contiguous) or
+// none; fp8_gemm's split_k: 0 (automatic) or 1 to ceil(K / 128).
+inline Fp8WeightArgs check_fp8_linear_args(const char* op, const Tensor& out, const Tensor& input,
+                                           const Tensor& weight, const Tensor& scales, int64_t group_k,
+                                           const std::optional<Tensor>& bias, int64_t max_rows) {
   const Fp8WeightArgs a = check_fp8_weight(op, weight, scales, group_k);
   VLLM_VOLTA_CHECK(input.scalar_type() == ScalarType::Half && input.dim() == 2 && input.size(1) == a.k, op,
                   ": 'input' must be a float16 tensor [M, ", a.k, "]");
   const int64_t m = input.size(0);
-  VLLM_VOLTA_CHECK(m >= 1 && m <= kFp8MaxGemvRows, op, ": 'input' must have 1 to ", kFp8MaxGemvRows, " rows, got ",
-                  m);
+  VLLM_VOLTA_CHECK(m >= 1 && m <= max_rows, op, ": 'input' must have 1 to ", max_rows, " rows, got ", m);
   VLLM_VOLTA_CHECK(input.stride(1) == 1 && (m == 1 || input.stride(0) % 8 == 0), op,
                   ": 'input' rows must be contiguous, with a row stride that is a multiple of 8");
   check_same_device(op, "input", input, weight, "weight");
@@ -74,6 +74,23 @@ inline Fp8WeightArgs check_fp8_gemv_args(const Tensor& out, const Tensor& input,
                         bias->is_contiguous(), op, ": 'bias' must be a contiguous float16 tensor [", a.n, "]");
     check_same_device(op, "bias", *bias, weight, "weight");
   }
+  return a;
+}
+
+inline Fp8WeightArgs check_fp8_gemv_args(const Tensor& out, const Tensor& input, const Tensor& weight,
+                                         const Tensor& scales, int64_t group_k, const std::optional<Tensor>& bias) {
+  return check_fp8_linear_args("fp8_gemv", out, input, weight, scales, group_k, bias, kFp8MaxGemvRows);
+}
+
+inline Fp8WeightArgs check_fp8_gemm_args(const Tensor& out, const Tensor& input, const Tensor& weight,
+                                         const Tensor& scales, int64_t group_k, const std::optional<Tensor>& bias,
+                                         int64_t split_k) {
+  const char* op = "fp8_gemm";
+  const Fp8WeightArgs a =
+      check_fp8_linear_args(op, out, input, weight, scales, group_k, bias, (int64_t{1} << 31) - 1);
+  const int64_t steps = (a.k + 127) / 128;
+  VLLM_VOLTA_CHECK(split_k >= 0 && split_k <= steps, op, ": 'split_k' must be 0 (automatic) or 1 to ceil(K / 128) = ",
+                  steps, ", got ", split_k);
   return a;
 }
 

@@ -51,6 +51,8 @@ void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tens
 void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
                    std::optional<Tensor> bias);
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
+void meta_fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
+                   std::optional<Tensor> bias, int64_t split_k);
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
@@ -123,6 +125,8 @@ void awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor sc
 // ---- FP8 e4m3fn weights converted in registers, float16, Volta-safe, CUDA in every build (csrc/fp8_kernels.cu) ----
 void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias);
 void fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
+void fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
+              int64_t split_k);
 
 // ---- mixture of experts: routing, expert order, decode GEMVs, grouped GEMM (csrc/moe_kernels.cu) ----
 void topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);

@@ -103,6 +103,10 @@ void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k) {
   check_fp8_dequantize_args(out, weight, scales, group_k);
 }
+void meta_fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
+                   std::optional<Tensor> bias, int64_t split_k) {
+  check_fp8_gemm_args(out, input, weight, scales, group_k, bias, split_k);
+}
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output) {
   check_topk_args("topk_softmax", topk_weights, topk_ids, token_expert_indices, gating_output);
 }
@@ -234,6 +238,9 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8, float16; out [N, K] = W in float16.
   m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None) -> ()");
   m.def("fp8_dequantize(Tensor! out, Tensor weight, Tensor scales, int group_k) -> ()");
+  // The same product for any M on tensor cores (float16 MMAs, FP32 accumulation); split_k 0: automatic.
+  m.def("fp8_gemm(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None, "
+        "int split_k=0) -> ()");
   // Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention), states addressed by slot
   // (docs/ARCHITECTURE.md): q, k [N, Hk, Dk], v / out [N, Hv, Dv], a / b [N, Hv] (g and beta, or
   // with A_log and dt_bias the raw projections), state [num_slots, Hv, Dk, Dv], state_slots [B].
@@ -299,6 +306,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
   m.impl("fp8_gemv", TORCH_BOX(&meta_fp8_gemv));
   m.impl("fp8_dequantize", TORCH_BOX(&meta_fp8_dequantize));
+  m.impl("fp8_gemm", TORCH_BOX(&meta_fp8_gemm));
   m.impl("gated_delta_rule_decode", TORCH_BOX(&meta_gated_delta_rule_decode));
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&meta_gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&meta_causal_conv1d_update));

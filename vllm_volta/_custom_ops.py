@@ -271,6 +271,14 @@ def fp8_dequantize(out: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     torch.ops._C.fp8_dequantize(out, weight, scales, group_k)
 
 
+def fp8_gemm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
+             bias: torch.Tensor | None = None, split_k: int = 0) -> None:
+    """fp8_gemv's product for any number of rows M, on tensor cores (float16 MMAs of the weight tiles
+    converted and scaled in shared memory, FP32 accumulation); ``split_k`` K splits (0: automatic).
+    CUDA only."""
+    torch.ops._C.fp8_gemm(out, input, weight, scales, group_k, bias, split_k)
+
+
 def gated_delta_rule_decode(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
                             scale: float, qk_l2norm: bool, A_log: torch.Tensor | None = None,

@@ -1,7 +1,8 @@
-"""Compile checks of the FP8-weight kernels, no GPU needed: kernels/fp8_gemv.cuh with NVRTC 12.x for
-compute_70 (V100) and compute_75, every template instance the launcher uses, with no FP8 or BF16
-instruction in the PTX (SM70 has neither: the weights are converted with integer operations).
-nvcc compiles csrc/fp8_kernels.cu for sm_75 / sm_80 / sm_90 in test_compile.py."""
+"""Compile checks of the FP8-weight kernels, no GPU needed: kernels/fp8_gemv.cuh and fp8_gemm.cuh with
+NVRTC 12.x for compute_70 (V100) and compute_75, every template instance the launcher uses, with no
+FP8 or BF16 instruction in the PTX (SM70 has neither: the weights are converted with integer
+operations) and the GEMM on Volta's tensor cores. nvcc compiles csrc/fp8_kernels.cu for sm_75 /
+sm_80 / sm_90 in test_compile.py."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import pytest
 from .compile_utils import CSRC, find_cuda_home, load_nvrtc_12, nvrtc_compile
 
 # The launcher's instances (csrc/fp8_kernels.cu): 8 rows per block for 1-2 input rows, else 4.
-INSTANCES = ([f"&vllm_volta::fp8_gemv_kernel<{m}, {8 if m <= 2 else 4}>" for m in range(1, 9)]
-             + ["&vllm_volta::fp8_dequantize_kernel"])
+UNITS = {
+    "kernels/fp8_gemv.cuh": [f"&vllm_volta::fp8_gemv_kernel<{m}, {8 if m <= 2 else 4}>" for m in range(1, 9)]
+                            + ["&vllm_volta::fp8_dequantize_kernel"],
+    "kernels/fp8_gemm.cuh": [f"&vllm_volta::fp8_gemm_kernel<{fm}>" for fm in (1, 2, 4)]
+                            + ["&vllm_volta::fp8_gemm_reduce_kernel"],
+}
 
 needs_nvrtc = [
     pytest.mark.skipif(load_nvrtc_12() is None, reason="NVRTC 12 for CUDA (pip nvidia-cuda-nvrtc-cu12) not installed"),
@@ -22,14 +27,17 @@ needs_nvrtc = [
 
 
 @pytest.mark.parametrize("arch", ["compute_70", "compute_75"])
-def test_fp8_kernels_compile_without_fp8_instructions(arch):
+@pytest.mark.parametrize("header", list(UNITS))
+def test_fp8_kernels_compile_without_fp8_instructions(header, arch):
     for mark in needs_nvrtc:
         if mark.args[0]:
             pytest.skip(mark.kwargs["reason"])
-    rc, log, ptx = nvrtc_compile(load_nvrtc_12(), '#include "kernels/fp8_gemv.cuh"\n', INSTANCES, arch,
+    rc, log, ptx = nvrtc_compile(load_nvrtc_12(), f'#include "{header}"\n', UNITS[header], arch,
                                  [CSRC, find_cuda_home() / "include"])
-    assert rc == 0, f"NVRTC {arch} failed for kernels/fp8_gemv.cuh:\n{log}"
+    assert rc == 0, f"NVRTC {arch} failed for {header}:\n{log}"
     assert f".target sm_{arch[-2:]}" in ptx
-    assert len(re.findall(r"^\.(visible|weak) \.entry", ptx, re.M)) == len(INSTANCES)
+    assert len(re.findall(r"^\.(visible|weak) \.entry", ptx, re.M)) == len(UNITS[header])
     assert not re.search(r"\.(e4m3|e5m2|bf16)", ptx), "FP8 / BF16 instructions in pre-SM89 PTX"
     assert "prmt.b32" in ptx  # the byte placement of the integer conversion
+    if header == "kernels/fp8_gemm.cuh":  # float16 MMAs with FP32 accumulation: Volta's tensor cores
+        assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)

@@ -1,8 +1,8 @@
-"""fp8_gemv / fp8_dequantize (FP8 e4m3fn weights converted with integer operations, csrc/fp8_kernels.cu)
-against float64 references of the dequantized weight: the conversion of all 256 bytes against torch's
-float8_e4m3fn -> float16 (exact), the GEMV for 1-8 rows and the dequantize + cuBLAS path above, for
-block, per-channel and per-tensor scales and sizes that are not multiples of 128; the argument checks
-(Meta kernels) run without a GPU."""
+"""fp8_gemv / fp8_gemm / fp8_dequantize (FP8 e4m3fn weights converted with integer operations,
+csrc/fp8_kernels.cu) against float64 references of the dequantized weight: the conversion of all 256
+bytes against torch's float8_e4m3fn -> float16 (exact), the GEMV for 1-8 rows, the tensor-core GEMM
+(K splits included) and the dequantize + cuBLAS path, for block, per-channel and per-tensor scales and
+sizes that are not multiples of 128; the argument checks (Meta kernels) run without a GPU."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from vllm_volta.model_executor.layers.quantization.fp8_sm70 import fp8_w8a16_lin
 from .op_cases import requires_gpu
 
 FP8 = torch.float8_e4m3fn
-_BUILT = hasattr(torch.ops._C, "fp8_gemv")
-requires_op = pytest.mark.skipif(not _BUILT, reason="vllm_volta._C was built before fp8_gemv (rebuild it)")
+_BUILT = all(hasattr(torch.ops._C, op) for op in ("fp8_gemv", "fp8_gemm", "fp8_dequantize"))
+requires_op = pytest.mark.skipif(not _BUILT, reason="vllm_volta._C was built before the FP8 ops (rebuild it)")
 
 
 def gpu(test):
@@ -94,6 +94,24 @@ def test_gemv_matches_float64(m, n, k, kind, group, bias):
     torch.testing.assert_close(out.double().cpu(), want, rtol=2e-3, atol=1e-3 * scale)
 
 
+@pytest.mark.parametrize("split_k", [0, 1, 3])
+@pytest.mark.parametrize("kind,group", [("block", 128), ("block", 32), ("channel", 128), ("tensor", 128)])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 9, 16, 17, 40, 64, 65, 130])
+@gpu
+def test_gemm_matches_float64(m, n, k, kind, group, split_k):
+    """The weight tile is rounded to float16 after scaling (as a dequantized weight): within
+    float16 rounding of each weight, summed in FP32."""
+    gen = torch.Generator().manual_seed(m * 5 + n + k + split_k)
+    weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, group, gen)
+    x = torch.randn(m, k, generator=gen).half()
+    b = torch.randn(n, generator=gen).half()
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    ops.fp8_gemm(out, x.cuda(), weight.cuda(), scales.cuda(), group, b.cuda(), min(split_k, -(-k // 128)))
+    want = x.double() @ dense64(weight, scales, group).t() + b.double()
+    torch.testing.assert_close(out.double().cpu(), want, rtol=5e-3, atol=2e-3 * want.abs().max().item())
+
+
 @gpu
 def test_gemv_strided_rows_and_out():
     """Input rows a slice of a wider buffer (row stride a multiple of 8), out rows strided too."""
@@ -108,11 +126,12 @@ def test_gemv_strided_rows_and_out():
     assert not out_wide[:, n:].any()
 
 
-@pytest.mark.parametrize("rows", [1, 8, 9, 64, 300])
+@pytest.mark.parametrize("rows", [1, 8, 9, 64, 128, 129, 300])
 @pytest.mark.parametrize("kind", ["block", "channel"])
 @gpu
 def test_linear_both_paths_match_float64(rows, kind):
-    """fp8_w8a16_linear: fp8_gemv up to 8 rows, fp8_dequantize + cuBLAS above; [..., K] inputs."""
+    """fp8_w8a16_linear: fp8_gemv up to 8 rows, fp8_gemm up to 128, fp8_dequantize + cuBLAS above;
+    [..., K] inputs."""
     gen = torch.Generator().manual_seed(rows)
     n, k = 384, 528
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, 128, gen)
@@ -131,6 +150,8 @@ def test_opcheck():
     x = torch.randn(3, 256, generator=gen).half().cuda()
     torch.library.opcheck(torch.ops._C.fp8_gemv.default,
                           (torch.empty(3, 64, dtype=torch.float16, device="cuda"), x, weight, scales, 128, None))
+    torch.library.opcheck(torch.ops._C.fp8_gemm.default,
+                          (torch.empty(3, 64, dtype=torch.float16, device="cuda"), x, weight, scales, 128, None, 2))
     torch.library.opcheck(torch.ops._C.fp8_dequantize.default,
                           (torch.empty(64, 256, dtype=torch.float16, device="cuda"), weight, scales, 128))
 
@@ -173,3 +194,14 @@ def test_dequantize_bad_out_is_a_clear_error():
     torch.ops._C.fp8_dequantize(out=_m(64, 256), **args)
     with pytest.raises(RuntimeError, match=re.escape("fp8_dequantize: 'out' must be a float16 tensor [64, 256]")):
         torch.ops._C.fp8_dequantize(out=_m(64, 128), **args)
+
+
+@requires_op
+def test_gemm_bad_input_is_a_clear_error():
+    args = _meta(input=_m(300, 256), out=_m(300, 64))
+    torch.ops._C.fp8_gemm(**args, split_k=2)  # any number of rows
+    with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'split_k' must be 0 (automatic) or 1 to "
+                                                     "ceil(K / 128) = 2, got 3")):
+        torch.ops._C.fp8_gemm(**args, split_k=3)
+    with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'out' must be a float16 tensor [300, 64]")):
+        torch.ops._C.fp8_gemm(**(args | {"out": _m(299, 64)}), split_k=0)

@@ -1,6 +1,6 @@
 """Which code computes an FP8 layer's x W^T (fp8.py / fp8_sm70.py), without a GPU: the path per compute
 capability (VLLM_VOLTA_DEVICE_CAPABILITY on a CUDA platform object), dtype and build, and the layer's
-calls into the SM70 kernels (fp8_gemv up to 8 rows, fp8_dequantize + GEMM above) with the kernels
+calls into the SM70 kernels (fp8_gemv up to 8 rows, fp8_gemm up to 128, fp8_dequantize + GEMM above) with the kernels
 replaced by float64 stand-ins, checked against x W. test_v100/csrc/test_fp8_ops.py runs the kernels on a GPU."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_path_per_capability(cuda_platform, cap, config, path):
     if path == "triton":
         assert got.startswith("W8A8 Triton FP8 GEMM")
     else:
-        assert got.startswith(PATH_NAME) and "fp8_gemv for steps of up to 8 rows" in got
+        assert got.startswith(PATH_NAME) and "fp8_gemv for steps of up to 8 rows" in got and "fp8_gemm" in got
         reason = "no activation quantization" if config is W8A16 else f"SM{cap.replace('.', '')} has no FP8 tensor cores"
         assert reason in got
 
@@ -72,17 +72,27 @@ def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
         cols = torch.arange(weight.shape[1]) // group_k if scales.shape[1] > 1 else torch.zeros(weight.shape[1], dtype=torch.long)
         return weight.double() * scales.double()[:, cols]
 
-    def fp8_gemv(out, input, weight, scales, group_k, bias):
-        assert 1 <= input.shape[0] <= 8 and input.stride(-1) == 1 and out.dtype == input.dtype == torch.float16
-        calls.append("gemv")
+    def product(out, input, weight, scales, group_k, bias):
+        assert input.stride(-1) == 1 and out.dtype == input.dtype == torch.float16
         y = input.double() @ dense(weight, scales, group_k).t()
         out.copy_(y if bias is None else y + bias.double())
+
+    def fp8_gemv(out, input, weight, scales, group_k, bias):
+        assert 1 <= input.shape[0] <= 8
+        calls.append("gemv")
+        product(out, input, weight, scales, group_k, bias)
+
+    def fp8_gemm(out, input, weight, scales, group_k, bias):
+        assert input.shape[0] > 8
+        calls.append("gemm")
+        product(out, input, weight, scales, group_k, bias)
 
     def fp8_dequantize(out, weight, scales, group_k):
         calls.append("dequantize")
         out.copy_(dense(weight, scales, group_k))
 
     monkeypatch.setattr(ops, "fp8_gemv", fp8_gemv)
+    monkeypatch.setattr(ops, "fp8_gemm", fp8_gemm)
     monkeypatch.setattr(ops, "fp8_dequantize", fp8_dequantize)
     monkeypatch.setattr(fp8_module, "sm70_kernels_reason", lambda device, dtype: None)
 
@@ -90,7 +100,8 @@ def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
 @pytest.mark.parametrize("name,scheme", [("block", Fp8Scheme("fp8", "block", (64, 64))),
                                          ("channel", Fp8Scheme("compressed-tensors", "channel", acts=None))])
 def test_layers_call_the_kernels_by_rows(monkeypatch, name, scheme):
-    """Up to 8 rows through fp8_gemv, more through fp8_dequantize and a GEMM; a 3-D input, a bias;
+    """Up to 8 rows through fp8_gemv, up to 128 through fp8_gemm, more through fp8_dequantize and a
+    GEMM; a 3-D input, a bias;
     K = 100 (not whole vectors) stays on PyTorch's dequantization."""
     calls: list[str] = []
     _stand_in_kernels(monkeypatch, calls)
@@ -109,7 +120,7 @@ def test_layers_call_the_kernels_by_rows(monkeypatch, name, scheme):
         w = torch.cat(dense)
         if layer.bias is not None:
             layer.bias.data.copy_(torch.randn(w.shape[0], generator=gen))
-        for rows, want_call in ((1, "gemv"), (8, "gemv"), (9, "dequantize")):
+        for rows, want_call in ((1, "gemv"), (8, "gemv"), (9, "gemm"), (128, "gemm"), (129, "dequantize")):
             calls.clear()
             x = torch.randn(1, rows, layer.input_size, generator=gen).half()
             got = layer(x)

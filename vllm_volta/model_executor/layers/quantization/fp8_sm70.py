@@ -5,8 +5,11 @@ kernels (csrc/fp8_kernels.cu) convert it to float16 in registers with integer op
 they run on SM70 and newer; the activations stay float16 (not quantized):
 - up to ``GEMV_MAX_ROWS`` input rows (decode): ``fp8_gemv`` reads each weight byte once, FP32
   accumulation, the scales applied per 16-weight vector's group;
+- up to ``GEMM_MAX_ROWS``: ``fp8_gemm`` on tensor cores (WMMA, float16 MMAs with FP32
+  accumulation), the weight tiles converted and scaled on their way into shared memory;
 - more rows: ``fp8_dequantize`` writes the float16 weight into a scratch tensor from the caching
-  allocator (reused call after call), then one cuBLAS GEMM.
+  allocator (reused call after call), then one cuBLAS GEMM, whose efficiency at these sizes
+  outweighs reading the weight again at two bytes a value.
 Scales are fp8.py's [N, G] float32 rows (G = ceil(K / group_k), or 1 per channel / tensor).
 """
 
@@ -16,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 GEMV_MAX_ROWS = 8  # fp8_gemv's rows
+GEMM_MAX_ROWS = 128  # fp8_gemm up to here, then fp8_dequantize + cuBLAS (benchmark_fp8_gemv.py times both)
 _VECTOR = 16  # weights per 16-byte load: K and the scale groups must be whole vectors
 PATH_NAME = "FP8 weights kept in memory, converted in registers (SM70 kernels)"
 
@@ -41,7 +45,8 @@ def layer_fits(input_size: int, group_k: int, groups: int) -> bool:
 
 
 def describe() -> str:
-    return f"{PATH_NAME}: fp8_gemv for steps of up to {GEMV_MAX_ROWS} rows, fp8_dequantize + cuBLAS above"
+    return (f"{PATH_NAME}: fp8_gemv for steps of up to {GEMV_MAX_ROWS} rows, the fp8_gemm tensor-core GEMM up to "
+            f"{GEMM_MAX_ROWS}, fp8_dequantize + cuBLAS above")
 
 
 def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
@@ -53,11 +58,12 @@ def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     rows = x.reshape(-1, k)
     # The kernels read whole 16-byte vectors of each row.
     if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) % 8) or rows.data_ptr() % 16:
-        rows = rows.contiguous()
+        rows = rows.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy
     group = group_k if scales.shape[1] > 1 else _VECTOR  # one scale per row: the group is unused
-    if 0 < rows.shape[0] <= GEMV_MAX_ROWS:
+    if 0 < rows.shape[0] <= GEMM_MAX_ROWS:
         out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
-        ops.fp8_gemv(out, rows, weight, scales, group, bias)
+        kernel = ops.fp8_gemv if rows.shape[0] <= GEMV_MAX_ROWS else ops.fp8_gemm
+        kernel(out, rows, weight, scales, group, bias)
     else:
         dense = torch.empty(n, k, dtype=x.dtype, device=x.device)
         ops.fp8_dequantize(dense, weight, scales, group)
