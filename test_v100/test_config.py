@@ -119,8 +119,11 @@ def test_scheduler_config_validation():
 def test_parallel_and_device_config():
     assert ParallelConfig().world_size == 1
     assert ParallelConfig(tensor_parallel_size=2).world_size == 2
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported yet"):
-        ParallelConfig(pipeline_parallel_size=2)
+    assert ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2).world_size == 4
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 runs on the 'mp' "):
+        ParallelConfig(pipeline_parallel_size=2, distributed_executor_backend="ray")
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        ParallelConfig(pipeline_parallel_size=0)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         ParallelConfig(tensor_parallel_size=0)
     assert DeviceConfig().device == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -351,7 +351,9 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    """Tensor parallelism: one worker process per device (pipeline parallelism: not yet)."""
+    """Tensor and pipeline parallelism: one worker process per device, tensor_parallel_size x
+    pipeline_parallel_size of them (each pipeline stage holds a slice of the layers:
+    model_executor/layers/pp_partition.py, VLLM_PP_LAYER_PARTITION)."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -374,11 +376,11 @@ class ParallelConfig:
                  "one of mp, ray, uni", backend)
         if backend == "uni" and self.world_size > 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one rank; "
-                             f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp' or 'ray'")
-        if self.pipeline_parallel_size > 1:
-            raise ValueError(
-                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet; "
-                f"allowed value is 1 (use tensor_parallel_size to split a model over GPUs)")
+                             f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
+                             f"{self.pipeline_parallel_size} needs 'mp' or 'ray'")
+        if backend == "ray" and self.pipeline_parallel_size > 1:
+            raise ValueError(f"pipeline_parallel_size={self.pipeline_parallel_size} runs on the 'mp' "
+                             f"distributed_executor_backend only; with 'ray' the allowed value is 1")
 
     @property
     def world_size(self) -> int:
@@ -420,11 +422,26 @@ class VllmConfig:
         if heads % tp:  # a property of the model: reported first, on any machine
             raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
                              f"{heads} attention heads")
-        if (self.device_config.device == "cuda" and tp > torch.cuda.device_count()
+        self._check_pipeline_parallel()
+        world = self.parallel_config.world_size
+        if (self.device_config.device == "cuda" and world > torch.cuda.device_count()
                 and self.parallel_config.distributed_executor_backend != "ray"):  # other nodes
-            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs, but "
-                             f"{torch.cuda.device_count()} are visible; allowed range is "
-                             f"[1, {torch.cuda.device_count()}]")
+            raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size="
+                             f"{self.parallel_config.pipeline_parallel_size} needs {world} GPUs, but "
+                             f"{torch.cuda.device_count()} are visible; allowed range of their product "
+                             f"is [1, {torch.cuda.device_count()}]")
+
+    def _check_pipeline_parallel(self) -> None:
+        """Pipeline stages need a layer each (and VLLM_PP_LAYER_PARTITION, when set, must fit the
+        model); their micro-batches in flight replace async scheduling."""
+        pp = self.parallel_config.pipeline_parallel_size
+        if pp == 1:
+            return
+        from vllm_volta.model_executor.layers.pp_partition import stage_layer_counts
+        stage_layer_counts(self.model_config.get_num_layers(), pp)
+        if self.scheduler_config.async_scheduling:
+            raise ValueError(f"async_scheduling cannot be combined with pipeline_parallel_size={pp} "
+                             f"(the pipeline keeps {pp} micro-batches in flight instead); turn it off")
 
     def _configure_recurrent_state(self) -> None:
         """Hybrid models keep one recurrent state per running request: a slot each (plus the

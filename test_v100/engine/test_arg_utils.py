@@ -75,8 +75,16 @@ def test_no_chunked_prefill_budget_covers_max_model_len(model_dir):
 
 def test_parallel_errors(model_dir):
     # The model does not exist: the parallel check must fire first.
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2 is not supported yet"):
-        EngineArgs(model="/does/not/exist", pipeline_parallel_size=2).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 runs on the 'mp' "):
+        EngineArgs(model="/does/not/exist", pipeline_parallel_size=2,
+                   distributed_executor_backend="ray").create_engine_config()
+    with pytest.raises(ValueError, match=r"pipeline_parallel_size=9 is more than the model's \d+ decoder"):
+        EngineArgs(model=str(model_dir), pipeline_parallel_size=9, device="cpu").create_engine_config()
+    with pytest.raises(ValueError, match="async_scheduling cannot be combined with pipeline_parallel_size=2"):
+        EngineArgs(model=str(model_dir), pipeline_parallel_size=2, async_scheduling=True,
+                   device="cpu").create_engine_config()
+    assert EngineArgs(model=str(model_dir), pipeline_parallel_size=2, tensor_parallel_size=2,
+                      device="cpu").create_engine_config().parallel_config.world_size == 4
     with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide the model's 4 "):
         EngineArgs(model=str(model_dir), tensor_parallel_size=3).create_engine_config()
     assert EngineArgs(model=str(model_dir), tensor_parallel_size=2,

@@ -143,6 +143,9 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
+        # Pipeline parallelism (set by the engine): micro-batches in flight at once. Each takes
+        # at most its share of the running requests, so steady decoding fills every stage.
+        self.num_micro_batches = 1
 
     # ---- queue management -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -193,10 +196,15 @@ class Scheduler:
         kv = self.kv_cache_manager
 
         i = 0
-        while i < len(self.running) and budget > 0:
+        # This micro-batch's share of the running requests (all of them without a pipeline).
+        share = -(-len(self.running) // self.num_micro_batches)
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < share:
             request = self.running[i]
-            if request.num_pending and stops_on_length(request, self.max_model_len):
-                i += 1  # the token in flight ends it
+            if request.num_pending and (not self.config.async_scheduling
+                                        or stops_on_length(request, self.max_model_len)):
+                # Its sampled token is in flight: without async scheduling (pipeline-parallel
+                # micro-batches) it waits for it; either way the token may end it.
+                i += 1
                 continue
             num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens,
                           budget)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,15 @@ from vllm_volta.engine.gc_policy import (freeze_startup_heap, raise_gc_threshold
                                           release_startup_heap)
 from vllm_volta.engine.input_processor import InputProcessor, PromptInput
 from vllm_volta.executor.abstract import Executor
+from vllm_volta.logger import init_logger
 from vllm_volta.outputs import RequestOutput
 from vllm_volta.pooling_params import PoolingParams
 from vllm_volta.sampling_params import SamplingParams
 from vllm_volta.worker.model_runner import PendingOutput
 
 __all__ = ["EngineStats", "LLMEngine"]
+
+logger = init_logger(__name__)
 
 
 class LLMEngine:
@@ -75,6 +79,11 @@ class LLMEngine:
         # min_tokens), by id; their steps wait for the previous step's tokens (_can_overlap,
         # which also drops the ones done with it).
         self._history_readers: dict[str, Request] = {}
+        # Pipeline parallelism: up to pipeline_parallel_size launched steps (micro-batches), oldest
+        # first; the scheduler leaves their requests alone until their tokens are applied.
+        self._pipeline_depth = vllm_config.parallel_config.pipeline_parallel_size
+        self._pipeline: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
+        self.scheduler.num_micro_batches = self._pipeline_depth
         raise_gc_threshold()
         freeze_startup_heap()
         self._holds_heap_freeze = True
@@ -153,7 +162,8 @@ class LLMEngine:
         self.abort_request(list(self._groups))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._groups)
+        # Steps still in flight count: step() then finishes them (after an abort, say).
+        return bool(self._groups) or bool(self._pipeline)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._groups)
@@ -170,6 +180,8 @@ class LLMEngine:
         flight samples from its token history (penalties, unmet min_tokens), that token is
         applied first and the call returns its outputs without launching.
         """
+        if self._pipeline_depth > 1:
+            return self._pipeline_step(finished_only)
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and not self._can_overlap():
             return self._finish_step(*in_flight, finished_only)
@@ -189,6 +201,41 @@ class LLMEngine:
             return self._finish_step(sched_out, launched, finished_only)
         self._in_flight = (sched_out, launched)
         return [] if in_flight is None else self._finish_step(*in_flight, finished_only)
+
+    def _pipeline_step(self, finished_only: bool) -> list[RequestOutput]:
+        """Pipeline parallelism: launch the next micro-batch, then, once pipeline_parallel_size of
+        them are in flight or nothing new could be scheduled, finish the oldest (and the empty
+        steps right behind it). Requests whose sampled token is in flight are not scheduled
+        (Scheduler.schedule), so a batch holds only requests whose inputs are known."""
+        sched_out = self.scheduler.schedule()
+        now = time.time()
+        for s in sched_out.scheduled:
+            if not s.request.output_token_ids:
+                self._groups[s.request.parent_id].mark_scheduled(now)
+        try:
+            launched = self.executor.execute_model_async(sched_out)
+        except BaseException:
+            self.scheduler.step_failed(sched_out)
+            raise
+        pipeline = self._pipeline
+        pipeline.append((sched_out, launched))
+        busy = sum(1 for out, _ in pipeline if out.scheduled)
+        if sched_out.scheduled and busy < self._pipeline_depth:
+            return []
+        outputs = self._finish_pipelined(finished_only)
+        while pipeline and not pipeline[0][0].scheduled:
+            outputs += self._finish_pipelined(finished_only)
+        return outputs
+
+    def _finish_pipelined(self, finished_only: bool) -> list[RequestOutput]:
+        sched_out, launched = self._pipeline.popleft()
+        try:
+            return self._finish_step(sched_out, launched, finished_only)
+        except BaseException:
+            # The steps behind it ran on a broken pipeline: roll them back as well.
+            while self._pipeline:
+                self.scheduler.step_failed(self._pipeline.popleft()[0])
+            raise
 
     def _can_overlap(self) -> bool:
         """Whether the next step may launch before the in-flight step's tokens are applied:
@@ -278,6 +325,11 @@ class LLMEngine:
         )
 
     def shutdown(self) -> None:
+        while self._pipeline:  # answered before the workers are told to stop (answers come in order)
+            try:
+                self._pipeline.popleft()[1].result()
+            except Exception as e:  # shutting down anyway
+                logger.debug("in-flight step at shutdown: %s", e)
         self.executor.shutdown()
         if self._holds_heap_freeze:
             self._holds_heap_freeze = False

@@ -1,10 +1,15 @@
-"""MultiprocExecutor: tensor parallelism with one worker process per device.
+"""MultiprocExecutor: tensor and pipeline parallelism with one worker process per device.
 
 Rank 0 (the driver) runs in this process; ranks 1..N-1 are spawned processes that receive
-each call over a pipe. Every rank holds 1/N of every layer (model_executor layers'
-tensor-parallel sharding) and the ranks meet in torch.distributed collectives inside the
-forward pass (NCCL on GPUs, gloo on CPUs). Only the driver samples; workers receive a slim
-copy of each step's schedule (the tokens to run, positions, block tables).
+each call over a pipe. Rank r is TP rank r % tp of pipeline stage r // tp: a stage holds a
+slice of the layers (model_executor/layers/pipeline_stage.py), every rank of a stage 1/tp of
+each of them (tensor-parallel sharding), and the ranks meet in torch.distributed collectives
+inside the forward pass (NCCL on GPUs, gloo on CPUs); stages hand their activations on by
+point-to-point sends. TP rank 0 of the last stage samples (the driver, without pipeline
+parallelism): it keeps copies of the requests, updated by deltas (ray_request_sync.py), and its
+answer is the step's. The other ranks receive a slim copy of each step's schedule (the tokens
+to run, positions, block tables). Steps are answered in launch order, so several can be in
+flight (the pipeline's micro-batches).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from vllm_volta.config import VllmConfig
 from vllm_volta.core.scheduler import SchedulerOutput
 from vllm_volta.engine.gc_policy import freeze_startup_heap, raise_gc_threshold
 from vllm_volta.executor.abstract import Executor
+from vllm_volta.executor.ray_request_sync import DriverScheduleEncoder, RankZeroRequests
 from vllm_volta.logger import init_logger
 from vllm_volta.worker.model_runner import ModelRunnerOutput, PendingOutput
 from vllm_volta.worker.worker import Worker
@@ -59,6 +65,7 @@ def slim_scheduler_output(out: SchedulerOutput) -> SchedulerOutput:
 def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_method: str,
                  conn: Any) -> None:
     """Entry point of a spawned rank: build the worker, then serve calls until shutdown."""
+    requests = RankZeroRequests()  # the sampling rank's copies of the requests
     try:
         worker = Worker(vllm_config, rank, world_size, init_method)
         worker.load_model()
@@ -73,7 +80,10 @@ def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_metho
             conn.send(("ok", None))
             return
         try:
-            result = getattr(worker, method)(*args)
+            if method == "execute_driver_step":  # the sampling rank: requests as deltas
+                result = worker.execute_model(requests.decode(args[0]))
+            else:
+                result = getattr(worker, method)(*args)
         except BaseException as e:
             conn.send(("error", f"rank {rank}: {method} failed: {type(e).__name__}: {e}"))
             continue
@@ -88,17 +98,25 @@ def _worker_main(vllm_config: VllmConfig, rank: int, world_size: int, init_metho
 
 class _RanksPending:
     """A step launched on every rank: the driver's PendingOutput, whose result() also reads
-    the other ranks' answers to the step (in launch order: steps are finished in order)."""
+    the other ranks' answers to the step (in launch order: steps are finished in order).
+    ``sampler``: the spawned rank whose answer is the step's output (pipeline parallelism),
+    None for the driver."""
 
-    def __init__(self, driver: PendingOutput, collect: Callable[[], list[Any]]) -> None:
+    def __init__(self, driver: PendingOutput, collect: Callable[[], list[Any]],
+                 sampler: int | None = None) -> None:
         self._driver = driver
         self._collect: Callable[[], list[Any]] | None = collect
+        self._sampler = sampler
+        self._output: ModelRunnerOutput | None = None
 
     def result(self) -> ModelRunnerOutput:
         if self._collect is not None:
             collect, self._collect = self._collect, None
-            collect()
-        return self._driver.result()
+            answers = collect()
+            if self._sampler is not None:
+                self._output = answers[self._sampler - 1]
+        driver = self._driver.result()
+        return driver if self._sampler is None else self._output
 
 
 def _terminate(processes: list, tmpdir: str) -> None:
@@ -111,7 +129,11 @@ def _terminate(processes: list, tmpdir: str) -> None:
 
 class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
-        world_size = self.vllm_config.parallel_config.world_size
+        pc = self.vllm_config.parallel_config
+        world_size = pc.world_size
+        # The rank that samples: TP rank 0 of the last stage (Worker.sampler_rank).
+        self._sampler = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+        self._encoder = DriverScheduleEncoder(self.vllm_config.model_config.get_vocab_size())
         self._tmpdir = tempfile.mkdtemp(prefix="vllm_volta_dist_")
         init_method = (Path(self._tmpdir) / "rendezvous").as_uri()
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
@@ -124,8 +146,9 @@ class MultiprocExecutor(Executor):
             self._conns.append(parent)
             self._procs.append(proc)
         self._finalizer = weakref.finalize(self, _terminate, self._procs, self._tmpdir)
-        logger.info("Tensor parallel: %d ranks (driver + %d worker processes)", world_size,
-                    world_size - 1)
+        logger.info("Tensor parallel %d x pipeline parallel %d: %d ranks (driver + %d worker processes)%s",
+                    pc.tensor_parallel_size, pc.pipeline_parallel_size, world_size, world_size - 1,
+                    f"; rank {self._sampler} samples" if self._sampler else "")
         self.worker: Worker | None = None
         try:
             self.worker = Worker(self.vllm_config, 0, world_size, init_method)
@@ -177,9 +200,27 @@ class MultiprocExecutor(Executor):
         if self.worker is None:
             raise RuntimeError("the engine has been shut down; build a new one")
         message = pickle.dumps(("execute_model", (slim_scheduler_output(scheduler_output),)))
-        for conn in self._conns:
-            conn.send_bytes(message)
-        return _RanksPending(self.worker.execute_model_async(scheduler_output), self._collect)
+        if not self._sampler:
+            for conn in self._conns:
+                conn.send_bytes(message)
+            return _RanksPending(self.worker.execute_model_async(scheduler_output), self._collect)
+        try:
+            step = pickle.dumps(("execute_driver_step", (self._encoder.encode(scheduler_output),)))
+        except BaseException:
+            self._encoder.reset()
+            raise
+        for rank, conn in enumerate(self._conns, start=1):
+            conn.send_bytes(step if rank == self._sampler else message)
+        # The driver runs the first stage's layers; its own answer is empty.
+        return _RanksPending(self.worker.execute_model_async(scheduler_output), self._collect_step,
+                             self._sampler)
+
+    def _collect_step(self) -> list[Any]:
+        try:
+            return self._collect()
+        except BaseException:
+            self._encoder.reset()  # the sampling rank may or may not have taken the step's deltas
+            raise
 
     def shutdown(self) -> None:
         if self.worker is None:

@@ -14,7 +14,9 @@ from vllm_volta.core.scheduler import PENDING_TOKEN, ScheduledRequest, Scheduler
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import init_logger
 from vllm_volta.model_executor.layers.parallel_state import (
+    get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
     get_tensor_model_parallel_world_size, tensor_model_parallel_broadcast)
+from vllm_volta.model_executor.layers.pp_partition import get_pp_indices
 from vllm_volta.sample.logprobs import compute_prompt_logprobs
 from vllm_volta.sample.metadata import SamplingMetadata, make_generator
 from vllm_volta.sample.metadata_cache import SamplingMetadataCache
@@ -108,6 +110,7 @@ class ModelRunner:
         self.sampling_cache = SamplingMetadataCache()
         self._block_tables = BlockTableCache()
         self._kv_layout: KVCacheLayout | None = None  # kv_cache_layout(), once the model is loaded
+        self._stage_layout: KVCacheLayout | None = None  # its view of this pipeline stage's layers
         self._group_block_sizes: list[int] | None = None  # several groups: each one's block size
         self._group_tables: list[BlockTableCache] = []
         # Set by the worker when CUDA graphs are captured: pure decode steps, and the pieces
@@ -146,16 +149,27 @@ class ModelRunner:
         if hasattr(self.model, "kv_cache_specs"):
             return self.model.kv_cache_specs()
         mc = self.model_config
-        # This rank's kv heads (replicated when there are fewer heads than ranks).
+        # This rank's kv heads (replicated when there are fewer heads than ranks), this stage's layers.
         kv_heads = max(mc.get_num_kv_heads() // get_tensor_model_parallel_world_size(), 1)
-        return [FullAttentionSpec(kv_heads, mc.get_head_size(), self.dtype)] * mc.get_num_layers()
+        start, end = get_pp_indices(mc.get_num_layers(), get_pipeline_model_parallel_rank(),
+                                    get_pipeline_model_parallel_world_size())
+        return [FullAttentionSpec(kv_heads, mc.get_head_size(), self.dtype)] * (end - start)
 
     def kv_cache_layout(self) -> KVCacheLayout:
         """The model's KV-cache groups (core/kv_cache_groups.py), planned once; tells each
-        Attention layer its group (worker/kv_groups.py)."""
+        Attention layer its group (worker/kv_groups.py). With pipeline parallelism: the whole
+        model's groups (the scheduler's), planned with the other stages (worker/pp_kv_layout.py)."""
         if self._kv_layout is None:
-            layout = self._kv_layout = plan_model_groups(self.model, self.kv_cache_specs(), self.block_size,
-                                                         self.model_config.max_model_len)
+            if get_pipeline_model_parallel_world_size() > 1:
+                from vllm_volta.model_executor.layers.parallel_state import get_tensor_model_parallel_rank
+                from vllm_volta.worker.pp_kv_layout import plan_stage_groups
+                layout, self._stage_layout = plan_stage_groups(
+                    self.model, self.kv_cache_specs(), self.block_size, self.model_config.max_model_len,
+                    get_pipeline_model_parallel_rank(), get_tensor_model_parallel_rank())
+                self._kv_layout = layout
+            else:
+                layout = self._kv_layout = self._stage_layout = plan_model_groups(
+                    self.model, self.kv_cache_specs(), self.block_size, self.model_config.max_model_len)
             self._kv_block_size = layout.groups[0].block_size
             if layout.num_groups > 1:
                 self._group_block_sizes = [g.block_size for g in layout.groups]
@@ -170,8 +184,9 @@ class ModelRunner:
         return self._kv_block_size
 
     def kv_cache_block_bytes(self) -> int:
-        """Bytes one block id takes across the whole cache (keys and values)."""
-        return self.kv_cache_layout().block_bytes(self.kv_cache_specs())
+        """Bytes one block id takes across this stage's cache (keys and values)."""
+        self.kv_cache_layout()
+        return self._stage_layout.block_bytes(self.kv_cache_specs())
 
     def state_pool_bytes(self) -> int:
         """Bytes of the recurrent-state pool (hybrid models; 0 otherwise)."""
@@ -181,7 +196,8 @@ class ModelRunner:
     def allocate_kv_caches(self, num_blocks: int, num_state_slots: int | None = None) -> list:
         if num_state_slots is None:
             num_state_slots = self.vllm_config.cache_config.num_state_slots
-        return allocate_group_caches(self.kv_cache_specs(), self.kv_cache_layout(), num_blocks,
+        self.kv_cache_layout()
+        return allocate_group_caches(self.kv_cache_specs(), self._stage_layout, num_blocks,
                                      num_state_slots, self.device)
 
     def initialize_kv_caches(self, num_blocks: int) -> None:
@@ -212,6 +228,8 @@ class ModelRunner:
         inp = self._prepare_inputs(scheduled, req_ids, same_batch)
         self._prev_req_ids = []
         hidden = self._forward(inp)
+        if hidden is None:  # a pipeline stage before the last: its output went to the next stage
+            return pending
         self._prompt_logprobs(scheduled, inp, hidden, pending.output, same_batch)
         if inp.sample_rows:
             rows_hidden = inp.logits_hidden(hidden)
@@ -414,6 +432,8 @@ class ModelRunner:
         positions = compute_positions(num_computed, num_new).to(self.device)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, positions, caches, md, final_norm=False)
+        if hidden is None:  # a pipeline stage before the last
+            return
         num_rows = min(sc.max_num_seqs, num_tokens)
         logits = self.model.compute_logits(hidden[:num_rows], apply_final_norm=True)
         params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50)] * num_rows

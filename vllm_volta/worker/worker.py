@@ -13,13 +13,16 @@ from vllm_volta.worker.model_runner import ModelRunner, ModelRunnerOutput, Pendi
 
 logger = init_logger(__name__)
 
+_UNBOUNDED = 1 << 62  # a count this rank does not limit (the minimum over ranks decides)
+
 
 class Worker:
     """Runs the model (or, with tensor parallelism, rank `rank`'s shard of it) on one device.
 
     With world_size > 1 every rank joins one torch.distributed group (NCCL on GPUs, gloo on
-    CPUs) through `distributed_init_method`; rank r uses GPU r; rank 0 is the driver, the
-    only one that samples.
+    CPUs) through `distributed_init_method`; rank r uses GPU r. Rank r is TP rank r % tp of
+    pipeline stage r // tp; TP rank 0 of the last stage (rank 0 without pipeline parallelism)
+    is the only one that samples.
     """
 
     def __init__(self, vllm_config: VllmConfig, rank: int = 0, world_size: int = 1,
@@ -35,25 +38,32 @@ class Worker:
             self._init_distributed(distributed_init_method)
         # Unseeded random sampling draws from the global generator: seed it like vLLM.
         torch.manual_seed(vllm_config.model_config.seed)
-        self.model_runner = ModelRunner(vllm_config, self.device, is_driver=rank == 0)
+        self.model_runner = ModelRunner(vllm_config, self.device, is_driver=rank == self.sampler_rank)
+
+    @property
+    def sampler_rank(self) -> int:
+        """The rank that samples: TP rank 0 of the last pipeline stage."""
+        pc = self.vllm_config.parallel_config
+        return (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
 
     def _init_distributed(self, init_method: str | None) -> None:
         import torch.distributed as dist
 
-        from vllm_volta.model_executor.layers.parallel_state import set_tensor_parallel
+        from vllm_volta.model_executor.layers.parallel_state import init_model_parallel
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=self.rank,
                                 world_size=self.world_size)
-        set_tensor_parallel(self.rank, self.world_size)
+        pc = self.vllm_config.parallel_config
+        init_model_parallel(pc.tensor_parallel_size, self.world_size // pc.tensor_parallel_size)
 
     def shutdown(self) -> None:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            from vllm_volta.model_executor.layers.parallel_state import set_tensor_parallel
+            from vllm_volta.model_executor.layers.parallel_state import destroy_model_parallel
             if dist.is_initialized():
                 dist.destroy_process_group()
-            set_tensor_parallel(0, 1)
+            destroy_model_parallel()
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -72,9 +82,10 @@ class Worker:
         else:
             budget = cache_config.cpu_kvcache_bytes()
             what = f"the CPU KV-cache budget is {budget / 2**30:.2f} GiB"
-        if self.model_runner.state_pool_bytes():
+        if cache_config.num_state_slots:  # every rank alike (a pipeline stage may hold no state)
             budget -= self._size_state_pool(budget, what)
-        num_blocks = budget // block_bytes
+        # A pipeline stage with no paged layer holds no block: the other stages set the count.
+        num_blocks = budget // block_bytes if block_bytes else _UNBOUNDED
         if self.world_size > 1:  # every rank must hold the same number of blocks
             num_blocks = self._min_over_ranks(num_blocks)
         if num_blocks < 2:
@@ -94,7 +105,7 @@ class Worker:
         cache_config, sc = self.vllm_config.cache_config, self.vllm_config.scheduler_config
         slots = cache_config.num_state_slots
         per_slot = self.model_runner.state_pool_bytes() // slots
-        fit = int(budget // 2 // per_slot)
+        fit = int(budget // 2 // per_slot) if per_slot else _UNBOUNDED
         if self.world_size > 1:  # every rank must keep the same requests
             fit = self._min_over_ranks(fit)
         if fit < 2:
@@ -183,7 +194,7 @@ class Worker:
             return
         if self.world_size > 1:
             # torch.distributed collectives inside captured graphs are not relied on yet.
-            logger.info("CUDA graphs off with tensor_parallel_size=%d", self.world_size)
+            logger.info("CUDA graphs off with %d ranks (tensor x pipeline parallel)", self.world_size)
             return
         if not getattr(runner.model, "supports_cuda_graphs", True):
             logger.info("CUDA graphs off: %s routes tokens to experts in shapes that change every step",

@@ -33,6 +33,7 @@ from vllm_volta.core.kv_cache_spec import FullAttentionSpec, KVCacheSpec, Shared
 from vllm_volta.logger import info_once, init_logger, warning_once
 from vllm_volta.model_executor.layers.linear import ReplicatedLinear
 from vllm_volta.model_executor.layers.logits import LogitsProcessor
+from vllm_volta.model_executor.layers.parallel_state import get_pipeline_model_parallel_world_size
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_volta.model_executor.models.gemma4_layers import Gemma4DecoderLayer, Gemma4RMSNorm, SharedKV
@@ -58,6 +59,12 @@ class Gemma4Model(nn.Module):
 
     def __init__(self, config: Any, attn_backend: type | None, residual_dtype: torch.dtype) -> None:
         super().__init__()
+        if (pp := get_pipeline_model_parallel_world_size()) > 1:
+            # Its KV-shared layers read caches of earlier layers, its per-layer inputs come from the
+            # embeddings: both would have to cross stages.
+            raise ValueError(f"Gemma 4 does not support pipeline_parallel_size={pp} (its KV-shared layers "
+                             f"and per-layer inputs span the stages); allowed value is 1, use "
+                             f"tensor_parallel_size to split it")
         dtype, h = torch.get_default_dtype(), config.hidden_size
         self.plans = layer_plans(config)
         self.residual_dtype = residual_dtype

@@ -23,6 +23,7 @@ from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                      RowParallelLinear)
 from vllm_volta.model_executor.layers.logits import LogitsProcessor
+from vllm_volta.model_executor.layers.pipeline_stage import PipelineStage
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                        VocabParallelEmbedding)
@@ -171,28 +172,36 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any, attn_backend: type | None, attention_options: dict[str, Any],
                  layer_cls: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            layer_cls(config, attn_backend, rotary_emb, layer_idx, attention_options)
-            for layer_idx, rotary_emb in enumerate(layer_rotary_embs(config)))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Pipeline parallelism: this stage's layers only (a tied LM head keeps the embeddings).
+        self.pp = pp = PipelineStage(config.num_hidden_layers, config.hidden_size)
+        self.embed_tokens = pp.here(lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size),
+                                    on_first=True, on_last=bool(getattr(config, "tie_word_embeddings", False)))
+        rotary_embs = layer_rotary_embs(config)
+        self.layers = pp.make_layers(config.num_hidden_layers, lambda i: layer_cls(
+            config, attn_backend, rotary_embs[i], i, attention_options))
+        self.norm = pp.here(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps), on_last=True)
         self.embed_scale: float | None = None  # the embeddings' multiplier (Gemma: sqrt(hidden))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
                 final_norm: bool = True) -> torch.Tensor:
         """The final hidden states; with ``final_norm=False`` the residual stream before the final
-        norm (LlamaForCausalLM.compute_logits can apply it to the rows it projects)."""
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"kv_caches must hold one cache per layer ({len(self.layers)}), "
-                             f"got {len(kv_caches)}")
-        hidden_states = self.embed_tokens(input_ids)
-        if self.embed_scale is not None:
-            hidden_states.mul_(self.embed_scale)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        norm (LlamaForCausalLM.compute_logits can apply it to the rows it projects). A pipeline
+        stage other than the last sends its output to the next stage and returns None."""
+        pp = self.pp
+        pp.check_caches(kv_caches)
+        if pp.is_first:
+            hidden_states = self.embed_tokens(input_ids)
+            if self.embed_scale is not None:
+                hidden_states.mul_(self.embed_scale)
+            residual = None
+        else:
+            hidden_states, residual = pp.receive(input_ids.shape[0], input_ids.device)
+        for layer, kv_cache in zip(pp.layers(self.layers), kv_caches):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache,
                                             attn_metadata)
+        if not pp.is_last:
+            return pp.send(hidden_states, residual)
         if not final_norm:
             return residual if hidden_states is None else hidden_states + residual
         if hidden_states is None:  # the last layer added into the residual stream
@@ -225,8 +234,9 @@ class LlamaForCausalLM(nn.Module):
                                     self.decoder_layer_cls)
             # A tied head's own weight is never used: build it on "meta" (no memory), then tie.
             with torch.device("meta") if self.tie_word_embeddings else contextlib.nullcontext():
-                self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
-        if self.tie_word_embeddings:
+                self.lm_head = self.model.pp.here(
+                    lambda: ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size), on_last=True)
+        if self.tie_word_embeddings and self.model.pp.is_last:
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(
             hf_config.vocab_size, soft_cap=getattr(hf_config, "final_logit_softcapping", None))
@@ -261,7 +271,7 @@ class SlidingWindowSpecs:
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         specs: list[KVCacheSpec] = []
-        for layer in self.model.layers:
+        for layer in self.model.pp.layers(self.model.layers):
             attn = layer.self_attn.attn
             window = attn.impl.sliding_window
             if window:

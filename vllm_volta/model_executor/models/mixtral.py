@@ -16,6 +16,7 @@ from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
 from vllm_volta.model_executor.layers.moe import MoE
 from vllm_volta.model_executor.layers.moe import supports_cuda_graphs as moe_supports_cuda_graphs
+from vllm_volta.model_executor.layers.pipeline_stage import is_pp_missing
 from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
 from vllm_volta.model_executor.models.utils import load_hf_weights
 
@@ -76,6 +77,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
                     yield name, tensor
                     continue
                 prefix, expert, part = match.group(1), int(match.group(2)), _PARTS[match.group(3)]
+                if is_pp_missing(self, prefix):
+                    continue  # another pipeline stage's layer
                 moe = moes.get(prefix)
                 if moe is None:
                     moe = moes[prefix] = self.get_submodule(prefix)

@@ -66,6 +66,8 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
                 continue
             target = name.replace(shard_name, fused)
             param = _lookup(params, target, name, model)
+            if param is None:
+                break
             _call_loader(name, param.weight_loader, param, tensor, shard_id)
             seen_shards.setdefault(target, set()).add(shard_id)
             if seen_shards[target] == expected_shards[fused]:
@@ -73,6 +75,8 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             break
         else:
             param = _lookup(params, name, name, model)
+            if param is None:
+                continue
             _call_loader(name, getattr(param, "weight_loader", default_weight_loader),
                          param, tensor)
             loaded.add(name)
@@ -87,8 +91,11 @@ def _call_loader(name: str, loader: Any, *args: Any) -> None:
 
 
 def _lookup(params: dict[str, nn.Parameter], target: str, name: str,
-            model: nn.Module) -> nn.Parameter:
+            model: nn.Module) -> nn.Parameter | None:
+    """The parameter ``target``; None where another pipeline stage holds it (skipped)."""
     param = params.get(target)
+    if param is None and is_pp_missing(model, target):
+        return None
     if param is None:
         raise ValueError(f"checkpoint weight {name!r} does not belong to "
                          f"{type(model).__name__} (no parameter {target!r})")

@@ -1,0 +1,78 @@
+"""Pipeline parallelism on CPU (gloo): 2 stages reproduce transformers' greedy tokens for a dense,
+a MoE and a hybrid model, with micro-batches in flight and an uneven VLLM_PP_LAYER_PARTITION."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_v100.worker.tiny_models import hf_greedy, random_prompts, save_tiny_model
+from vllm_volta.engine.arg_utils import EngineArgs
+from vllm_volta.engine.llm_engine import LLMEngine
+from vllm_volta.executor.multiproc import MultiprocExecutor
+from vllm_volta.model_executor.layers.pp_partition import PARTITION_ENV
+from vllm_volta.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) pipeline parallelism")
+
+MAX_TOKENS = 5
+
+
+def run_pipelined(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """Greedy outputs, and the most non-empty micro-batches that were in flight at once."""
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    depths = []
+    finish = engine._finish_pipelined
+
+    def finish_and_record(finished_only: bool) -> list:
+        depths.append(sum(1 for out, _ in engine._pipeline if out.scheduled))
+        return finish(finished_only)
+
+    engine._finish_pipelined = finish_and_record
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.step(finished_only=True)})
+    return [final[str(i)] for i in range(len(prompts))], max(depths)
+
+
+def check_against_transformers(path, hf_model, prompts, **engine_kwargs) -> int:
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=24, cpu_kvcache_space=0.01,
+        **engine_kwargs))
+    try:
+        assert isinstance(engine.executor, MultiprocExecutor)
+        outs, depth = run_pipelined(engine, prompts)
+    finally:
+        engine.shutdown()
+    for prompt, out in zip(prompts, outs):
+        assert out == hf_greedy(hf_model, prompt, MAX_TOKENS)
+    return depth
+
+
+def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
+    """Llama, 3 layers as 2 + 1 (VLLM_PP_LAYER_PARTITION, which the spawned ranks inherit): four
+    requests keep both micro-batches busy (prefill chunks of a 24-token budget, then decoding
+    split in halves), and every request's tokens match transformers'."""
+    hf_model = save_tiny_model(tmp_path, "llama", num_hidden_layers=3)
+    monkeypatch.setenv(PARTITION_ENV, "2,1")
+    depth = check_against_transformers(tmp_path, hf_model, random_prompts(4, 3, 20, seed=2),
+                                       pipeline_parallel_size=2)
+    assert depth == 2
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5"])
+def test_moe_and_hybrid(tmp_path, monkeypatch, arch):
+    """Qwen3-MoE (layer 1 dense) and Qwen3.5 (stage 0: the Gated DeltaNet layer and its recurrent
+    state, no paged cache; stage 1: the full-attention layer), even split."""
+    monkeypatch.delenv(PARTITION_ENV, raising=False)
+    hf_model = save_tiny_model(tmp_path, arch, seed=1)
+    check_against_transformers(tmp_path, hf_model, random_prompts(2, 3, 16, seed=3), pipeline_parallel_size=2)
+
+
+@pytest.mark.parametrize("partition", ["bad", "1,1,1"])
+def test_bad_partition_is_refused_before_any_rank_starts(tmp_path, monkeypatch, partition):
+    save_tiny_model(tmp_path, "llama", num_hidden_layers=3)
+    monkeypatch.setenv(PARTITION_ENV, partition)
+    with pytest.raises(ValueError, match=PARTITION_ENV):
+        EngineArgs(model=str(tmp_path), pipeline_parallel_size=2, device="cpu").create_engine_config()

@@ -1,0 +1,65 @@
+"""Which decoder layers each pipeline stage holds.
+
+vLLM's rule: ``num_layers // pp_size`` layers per stage, and the ``num_layers % pp_size`` left
+over go one each to the last stages (the first stage also holds the embeddings, the last the
+final norm and LM head, so the extra layers go to the stages after the first). For 10 layers
+on 4 stages: 2, 2, 3, 3.
+
+``VLLM_PP_LAYER_PARTITION`` overrides it with a comma list of layer counts, one per stage, in
+stage order ("5,3" puts layers 0-4 on stage 0 and 5-7 on stage 1).
+"""
+from __future__ import annotations
+
+import os
+
+PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+
+
+def parse_partition(text: str, num_layers: int, pp_size: int) -> list[int]:
+    """Layer counts per stage from ``VLLM_PP_LAYER_PARTITION``'s text; errors name the variable."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise ValueError(f"{PARTITION_ENV}={text!r} must be a comma list of layer counts, one "
+                         f"positive integer per pipeline stage (e.g. '{_example(num_layers, pp_size)}')")
+    counts = [int(p) for p in parts]
+    if len(counts) != pp_size:
+        raise ValueError(f"{PARTITION_ENV}={text!r} gives {len(counts)} stage(s); "
+                         f"pipeline_parallel_size={pp_size} needs exactly {pp_size} counts")
+    if min(counts) < 1:
+        raise ValueError(f"{PARTITION_ENV}={text!r}: every stage needs at least 1 layer")
+    if sum(counts) != num_layers:
+        raise ValueError(f"{PARTITION_ENV}={text!r} sums to {sum(counts)} layers; the model has "
+                         f"{num_layers}, the counts must add up to it")
+    return counts
+
+
+def _example(num_layers: int, pp_size: int) -> str:
+    return ",".join(map(str, even_partition(num_layers, pp_size))) if num_layers >= pp_size > 0 else "4,4"
+
+
+def even_partition(num_layers: int, pp_size: int) -> list[int]:
+    """vLLM's default split: equal counts, the remainder one each to the last stages."""
+    base, rem = divmod(num_layers, pp_size)
+    return [base + (1 if stage >= pp_size - rem else 0) for stage in range(pp_size)]
+
+
+def stage_layer_counts(num_layers: int, pp_size: int) -> list[int]:
+    """Each stage's layer count: ``VLLM_PP_LAYER_PARTITION`` when set, else the even split."""
+    if not isinstance(pp_size, int) or pp_size < 1:
+        raise ValueError(f"pipeline_parallel_size must be an integer >= 1, got {pp_size!r}")
+    if num_layers < pp_size:
+        raise ValueError(f"pipeline_parallel_size={pp_size} is more than the model's {num_layers} "
+                         f"decoder layers; allowed range is [1, {num_layers}]")
+    text = os.environ.get(PARTITION_ENV, "").strip()
+    if text and pp_size > 1:
+        return parse_partition(text, num_layers, pp_size)
+    return even_partition(num_layers, pp_size)
+
+
+def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """[start, end) of the layers stage ``pp_rank`` of ``pp_size`` holds."""
+    counts = stage_layer_counts(num_layers, pp_size)
+    if not 0 <= pp_rank < pp_size:
+        raise ValueError(f"pipeline rank must be in [0, {pp_size - 1}], got {pp_rank}")
+    start = sum(counts[:pp_rank])
+    return start, start + counts[pp_rank]
