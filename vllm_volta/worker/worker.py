@@ -175,7 +175,10 @@ class Worker:
         else:
             blocks = f"{num_blocks} blocks of {block_size} tokens ({(num_blocks - 1) * block_size} tokens"
             blocks += ", sliding window)" if layout.frees_blocks else ")"
-        tp = f" | tensor parallel {self.world_size}" if self.world_size > 1 else ""
+        pc = self.vllm_config.parallel_config
+        tp = f" | tensor parallel {pc.tensor_parallel_size}" if pc.tensor_parallel_size > 1 else ""
+        if pc.pipeline_parallel_size > 1:
+            tp += f" | pipeline parallel {pc.pipeline_parallel_size} (stage 0's cache)"
         logger.info(
             "Model %s | dtype %s | attention backend %s%s | KV cache: %s, %.2f GiB per device | "
             "max concurrency for %d-token requests: %.2fx",
