@@ -11,6 +11,7 @@ from torch import nn
 
 from vllm_volta.attention.kv_cache_dtype import load_kv_scale
 from vllm_volta.model_executor.layers.linear import default_weight_loader
+from vllm_volta.model_executor.layers.pipeline_stage import is_pp_missing
 
 # (fused parameter, HF checkpoint module, shard id): q/k/v -> qkv_proj, gate/up -> gate_up_proj.
 STACKED_PARAMS_MAPPING: list[tuple[str, str, Any]] = [
