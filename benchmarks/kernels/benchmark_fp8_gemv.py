@@ -1,5 +1,6 @@
-"""FP8 weights kept in FP8 (fp8_gemv up to 8 rows, fp8_dequantize + cuBLAS above: the SM70 kernels
-of layers/quantization/fp8_sm70.py) against a float16 cuBLAS GEMM of the same shape.
+"""FP8 weights kept in FP8 (the SM70 kernels of layers/quantization/fp8_sm70.py: fp8_gemv up to 8
+rows, the fp8_gemm tensor-core GEMM up to 128, fp8_dequantize + cuBLAS above) against a float16
+cuBLAS GEMM of the same shape.
 
     python benchmarks/kernels/benchmark_fp8_gemv.py --config qwen3-8b-fp8 --rows 1 4 8 16 64 256
     VLLM_VOLTA_DEVICE_CAPABILITY=7.0 python benchmarks/kernels/benchmark_fp8_gemv.py   # Volta mode
@@ -10,8 +11,10 @@ enough distinct weights to exceed the L2 cache (DRAM-bound, as in a decode step)
 128x128, float32, one per row and 128 inputs (fp8.py's layout). Prints one JSON document:
 microseconds per call, weight bytes read per second (FP8: the bytes plus the scales; float16: two
 bytes a weight) and that as a fraction of the device-to-device copy bandwidth measured in the same
-run, and per M the whole layer's sum and the FP8 speedup over float16. On an SM89+ GPU the W8A8
-Triton GEMM (what those GPUs run for checkpoints with FP8 activations) is timed too.
+run, and per M the whole layer's sum and the FP8 speedup over float16. ``fp8_sm70`` is the layers'
+automatic choice; above 8 rows ``fp8_gemm`` and ``fp8_dequant_cublas`` are both timed (where the
+layers switch from one to the other: fp8_sm70.GEMM_MAX_ROWS). On an SM89+ GPU the W8A8 Triton GEMM
+(what those GPUs run for checkpoints with FP8 activations) is timed too.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ def w8a8_available(device: torch.device) -> bool:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = require_cuda("benchmark_fp8_gemv.py")
+    from vllm_volta import _custom_ops as ops
     from vllm_volta.model_executor.layers.quantization.fp8_sm70 import fp8_w8a16_linear, sm70_kernels_reason
 
     why_not = sm70_kernels_reason(device, torch.float16)
@@ -87,6 +91,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "fp8_sm70": (fp8_bytes, [lambda w=w, s=s: fp8_w8a16_linear(x, w, s, GROUP, None)
                                          for w, s in fp8_sets]),
             }
+            if m > 8:
+                out = torch.empty(m, n, dtype=torch.float16, device=device)
+
+                def dequant_cublas(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+                    dense = torch.empty(n, k, dtype=torch.float16, device=device)
+                    ops.fp8_dequantize(dense, w, s, GROUP)
+                    return F.linear(x, dense)
+
+                impls["fp8_gemm"] = (fp8_bytes, [lambda w=w, s=s: ops.fp8_gemm(out, x, w, s, GROUP)
+                                                 for w, s in fp8_sets])
+                impls["fp8_dequant_cublas"] = (fp8_bytes, [lambda w=w, s=s: dequant_cublas(w, s)
+                                                           for w, s in fp8_sets])
             if with_w8a8:
                 from vllm_volta.model_executor.layers.quantization.fp8_kernels import w8a8_block_fp8_linear
                 impls["w8a8_triton"] = (fp8_bytes, [lambda w=w, s=s: w8a8_block_fp8_linear(x, w, s, (GROUP, GROUP))
