@@ -18,12 +18,17 @@ from vllm_volta.model_executor.layers.quantization import get_quant_config
 
 
 def test_qwen3_8b_fp8_config_has_the_published_shape_and_format():
+    """qwen3-8b-fp8 is Qwen3-8B-FP8's config; qwen3-8b (the float16 baseline) the same but dense."""
     cfg = AutoConfig.from_pretrained(utils.resolve_model(None, "qwen3-8b-fp8"))
     quant = get_quant_config(cfg)
     assert (quant.quant_method, quant.strategy, quant.block_shape, quant.act_quant) == \
         ("fp8", "block", (128, 128), "dynamic")
     dense = copy.deepcopy(cfg)
     del dense.quantization_config
+    baseline = AutoConfig.from_pretrained(utils.resolve_model(None, "qwen3-8b"))
+    differ = {key for key in baseline.to_dict().keys() | dense.to_dict().keys()
+              if baseline.to_dict().get(key) != dense.to_dict().get(key)}
+    assert get_quant_config(baseline) is None and differ == {"_name_or_path"}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(dense)
     assert sum(p.numel() for p in model.parameters()) == 8_190_735_360  # Qwen3-8B
