@@ -24,8 +24,20 @@ struct KVCacheLayout {
   int64_t head_size;
 };
 
-inline KVCacheLayout check_kv_cache(const char* op, const Tensor& kv_cache) {
-  check_float_dtype(op, "kv_cache", kv_cache);
+// An FP8 KV cache (x / scale per layer: --kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2).
+inline bool is_fp8_cache(const Tensor& kv_cache) {
+  const ScalarType s = kv_cache.scalar_type();
+  return s == ScalarType::Float8_e4m3fn || s == ScalarType::Float8_e5m2;
+}
+
+// allow_fp8: the op reads / writes FP8 caches too (with queries / keys of a float dtype).
+inline KVCacheLayout check_kv_cache(const char* op, const Tensor& kv_cache, bool allow_fp8 = false) {
+  const ScalarType s = kv_cache.scalar_type();
+  const bool ok = s == ScalarType::Float || s == ScalarType::Half || s == ScalarType::BFloat16 ||
+                  (allow_fp8 && is_fp8_cache(kv_cache));
+  VLLM_VOLTA_CHECK(ok, op, ": 'kv_cache' must be float32, float16, bfloat16",
+                  allow_fp8 ? ", float8_e4m3fn or float8_e5m2" : "", ", got ",
+                  is_fp8_cache(kv_cache) ? "an FP8 dtype (this op does not take FP8 caches)" : dtype_name(s));
   VLLM_VOLTA_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2, op,
                   ": 'kv_cache' must be [2, num_blocks, block_size, num_kv_heads, head_size]");
   check_contiguous(op, "kv_cache", kv_cache);
@@ -42,9 +54,11 @@ inline void check_index_tensor(const char* op, const char* arg, const Tensor& t,
 
 // key/value: [T, KH, D] or [T, KH * D], contiguous within a token, any token stride.
 // Returns the token stride (elements).
+// With an FP8 cache, key / value are float32, float16 or bfloat16 (quantized on the write).
 inline int64_t check_token_rows(const char* op, const char* arg, const Tensor& t, const Tensor& kv_cache,
                                 const KVCacheLayout& cache, int64_t num_tokens) {
-  check_same_dtype(op, arg, t, kv_cache, "kv_cache");
+  if (is_fp8_cache(kv_cache)) check_float_dtype(op, arg, t);
+  else check_same_dtype(op, arg, t, kv_cache, "kv_cache");
   check_same_device(op, arg, t, kv_cache, "kv_cache");
   const int64_t row = cache.num_kv_heads * cache.head_size;
   const bool shape_ok = (t.dim() == 3 && t.size(1) == cache.num_kv_heads && t.size(2) == cache.head_size) ||
@@ -65,13 +79,22 @@ struct CacheWriteArgs {
   int64_t value_stride;
 };
 
+// The cache's per-layer FP8 scales (1.0 for other caches, where they are not used).
+inline void check_kv_scales(const char* op, double k_scale, double v_scale) {
+  VLLM_VOLTA_CHECK(k_scale > 0.0 && k_scale < 1e30, op, ": 'k_scale' must be a finite value > 0, got ", k_scale);
+  VLLM_VOLTA_CHECK(v_scale > 0.0 && v_scale < 1e30, op, ": 'v_scale' must be a finite value > 0, got ", v_scale);
+}
+
+// allow_fp8: reshape_and_cache quantizes into FP8 caches; the fused rotary write does not.
 inline CacheWriteArgs check_reshape_and_cache_args(const Tensor& key, const Tensor& value, const Tensor& kv_cache,
-                                                   const Tensor& slot_mapping, const char* op = "reshape_and_cache") {
-  const KVCacheLayout cache = check_kv_cache(op, kv_cache);
+                                                   const Tensor& slot_mapping, const char* op = "reshape_and_cache",
+                                                   bool allow_fp8 = false) {
+  const KVCacheLayout cache = check_kv_cache(op, kv_cache, allow_fp8);
   check_index_tensor(op, "slot_mapping", slot_mapping, ScalarType::Long, "int64", 1, kv_cache);
   const int64_t num_tokens = slot_mapping.size(0);
   const int64_t key_stride = check_token_rows(op, "key", key, kv_cache, cache, num_tokens);
   const int64_t value_stride = check_token_rows(op, "value", value, kv_cache, cache, num_tokens);
+  check_same_dtype(op, "value", value, key, "key");
   return {cache, num_tokens, key_stride, value_stride};
 }
 
@@ -86,10 +109,13 @@ struct PagedDecodeArgs {
 inline PagedDecodeArgs check_paged_decode_args(const Tensor& out, const Tensor& query, const Tensor& kv_cache,
                                                const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
-                                               int64_t sliding_window, double soft_cap) {
+                                               int64_t sliding_window, double soft_cap, double k_scale = 1.0,
+                                               double v_scale = 1.0) {
   const char* op = "paged_attention_decode";
-  const KVCacheLayout cache = check_kv_cache(op, kv_cache);
-  check_same_dtype(op, "query", query, kv_cache, "kv_cache");
+  const KVCacheLayout cache = check_kv_cache(op, kv_cache, /*allow_fp8=*/true);
+  if (is_fp8_cache(kv_cache)) check_float_dtype(op, "query", query);
+  else check_same_dtype(op, "query", query, kv_cache, "kv_cache");
+  check_kv_scales(op, k_scale, v_scale);
   check_same_device(op, "query", query, kv_cache, "kv_cache");
   VLLM_VOLTA_CHECK(query.dim() == 3 && query.size(2) == cache.head_size, op,
                   ": 'query' must be [num_seqs, num_heads, ", cache.head_size, "]");

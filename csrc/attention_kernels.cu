@@ -2,7 +2,9 @@
 // Launch parameters (partition_size, num_threads) come from the caller, which looks them
 // up in the tuned kernel configs (vllm_volta/kernel_configs.py); the FP16 / BF16 tensor-core path
 // uses fewer warps per block when the tuned block does not fit the SM, and may split long
-// contexts into partitions longer than the op's maximum (plan_tc_launch).
+// contexts into partitions longer than the op's maximum (plan_tc_launch). An FP8 cache (float8_e4m3fn /
+// float8_e5m2, with FP16 / BF16 queries) runs the same kernels on its cache element type, the
+// key scale folded into the score scale and the value scale into the output.
 #include "attention_checks.h"
 #include "cuda_launch.h"
 #include "kernels/paged_attention_tc.cuh"
@@ -113,10 +115,10 @@ struct TcLaunch {
 //   rebalanced otherwise: giving blocks fewer warps, or lengthening a partition the tuner chose
 //   below the maximum, measured slower than the tuned launch (1000 x 640 tokens, 2 KV heads:
 //   191.5 vs 174.3 us; 256 x 4096, tuned 512 / 64: 1142 vs 1044 us).
-template <typename T, int D>
+template <typename T, int D, typename C = T>
 TcLaunch plan_tc_launch(int device, int64_t blocks_per_partition, int64_t max_seq_len, int64_t partition_size,
                         int64_t tuned_parts, int64_t tuned_threads, int64_t hpb) {
-  auto kernel = paged_attention_decode_tc_kernel<T, D>;
+  auto kernel = paged_attention_decode_tc_kernel<T, D, C>;
   static std::mutex mutex;
   static TcDevice per_device[64];
   std::lock_guard<std::mutex> lock(mutex);
@@ -191,15 +193,37 @@ unsigned fitted_threads(int device, int64_t num_threads) {
   return static_cast<unsigned>(std::min<int64_t>(num_threads, limit));
 }
 
+// Calls f(TypeTag<C>{}) with the cache element type: T, or the FP8 format of an FP8 cache.
+template <typename T, typename F>
+void dispatch_cache_type(const Tensor& kv_cache, F&& f) {
+  switch (kv_cache.scalar_type()) {
+    case ScalarType::Float8_e4m3fn: return f(TypeTag<Fp8E4M3>{});
+    case ScalarType::Float8_e5m2: return f(TypeTag<Fp8E5M2>{});
+    default: return f(TypeTag<T>{});
+  }
+}
+
+// The factor the raw FP8 decode of `kv_cache` is off by (kernels/kv_fp8.cuh), 1 for other caches.
+float raw_factor(const Tensor& kv_cache) {
+  if (kv_cache.scalar_type() == ScalarType::Float8_e4m3fn) return Fp8E4M3::kRawFactor;
+  if (kv_cache.scalar_type() == ScalarType::Float8_e5m2) return Fp8E5M2::kRawFactor;
+  return 1.f;
+}
+
 }  // namespace
 
 void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                             double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
-                            int64_t sliding_window, double logits_soft_cap) {
+                            int64_t sliding_window, double logits_soft_cap, double k_scale, double v_scale) {
   const char* op = "paged_attention_decode";
   const PagedDecodeArgs a = check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len,
-                                                    partition_size, num_threads, sliding_window, logits_soft_cap);
+                                                    partition_size, num_threads, sliding_window, logits_soft_cap,
+                                                    k_scale, v_scale);
   check_cuda(op, "query", query);
+  const bool fp8 = is_fp8_cache(kv_cache);
+  // FP8 caches are read by the FP16 / BF16 instances only (no float32 x FP8 kernels are built).
+  VLLM_VOLTA_CHECK(!fp8 || query.scalar_type() != ScalarType::Float, op,
+                  ": an FP8 'kv_cache' needs float16 or bfloat16 'query' / 'out', got float32");
   if (a.num_seqs == 0) return;
   // The kernel reads query/key/value rows with 16-byte loads.
   const int64_t q_stride = a.num_seqs > 1 ? query.stride(0) : a.num_heads * a.cache.head_size;
@@ -215,10 +239,13 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
   const int64_t blocks_per_partition = a.num_heads / hpb * a.num_seqs;
   TcLaunch tc;  // FP16 / BF16 run on tensor cores when a block fits (plan_tc_launch)
   auto plan = [&](auto type_tag) {
-    dispatch_head_size(d, [&](auto d_tag) {
-      tc = plan_tc_launch<typename decltype(type_tag)::type, decltype(d_tag)::value>(
-          device, blocks_per_partition, a.max_span, partition_size, a.num_partitions,
-          num_threads, hpb);
+    using T = typename decltype(type_tag)::type;
+    dispatch_cache_type<T>(kv_cache, [&](auto cache_tag) {
+      dispatch_head_size(d, [&](auto d_tag) {
+        tc = plan_tc_launch<T, decltype(d_tag)::value, typename decltype(cache_tag)::type>(
+            device, blocks_per_partition, a.max_span, partition_size, a.num_partitions,
+            num_threads, hpb);
+      });
     });
   };
   if (query.scalar_type() == ScalarType::Half) plan(TypeTag<__half>{});
@@ -239,12 +266,16 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     part_max = part_out + rows * d;
     part_sum = part_max + rows;
   }
+  // FP8: dot products of raw decoded keys, times scale * k_scale * raw factor (exactly `scale` otherwise).
+  const float factor = raw_factor(kv_cache);
+  const float score_scale = fp8 ? static_cast<float>(scale * k_scale * factor) : static_cast<float>(scale);
+  const float out_scale = fp8 ? static_cast<float>(v_scale * factor) : 1.f;
   const PagedDecodeParams params{static_cast<int>(a.num_heads), static_cast<int>(a.cache.num_kv_heads),
                                  static_cast<int>(hpb), static_cast<int>(a.cache.block_size),
                                  static_cast<int>(part_size), static_cast<int>(num_partitions), q_stride,
                                  block_table.stride(0), a.cache.num_blocks * a.cache.block_size,
-                                 static_cast<float>(scale), static_cast<int>(sliding_window),
-                                 static_cast<float>(logits_soft_cap)};
+                                 score_scale, static_cast<int>(sliding_window),
+                                 static_cast<float>(logits_soft_cap), out_scale};
 
   dispatch_float_type(op, query, [&](auto type_tag) {
     using T = typename decltype(type_tag)::type;
@@ -252,29 +283,40 @@ void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor bl
     const dim3 grid(static_cast<unsigned>(a.num_heads / hpb), static_cast<unsigned>(a.num_seqs),
                     static_cast<unsigned>(num_partitions));
     const bool pdl = programmatic_launch_for(device, a.num_seqs);
-    dispatch_head_size(d, [&](auto d_tag) {
-      constexpr int D = decltype(d_tag)::value;
-      if constexpr (!std::is_same_v<T, float>) {
-        if (tc.smem > 0) {
-          const unsigned tc_threads = static_cast<unsigned>(tc.threads);
-          launch_kernel(paged_attention_decode_tc_kernel<T, D>, grid, dim3(tc_threads), static_cast<size_t>(tc.smem),
-                        stream, pdl, out_ptr, part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
-                        static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
-                        static_cast<const int*>(seq_lens.data_ptr()), params);
-          return;
+    auto run = [&](auto cache_tag) {
+      using C = typename decltype(cache_tag)::type;
+      using S = typename CacheStorage<C>::type;
+      const S* cache_ptr = static_cast<const S*>(kv_cache.data_ptr());
+      dispatch_head_size(d, [&](auto d_tag) {
+        constexpr int D = decltype(d_tag)::value;
+        if constexpr (!std::is_same_v<T, float>) {
+          if (tc.smem > 0) {
+            const unsigned tc_threads = static_cast<unsigned>(tc.threads);
+            launch_kernel(paged_attention_decode_tc_kernel<T, D, C>, grid, dim3(tc_threads),
+                          static_cast<size_t>(tc.smem), stream, pdl, out_ptr, part_out, part_max, part_sum,
+                          static_cast<const T*>(query.data_ptr()), cache_ptr,
+                          static_cast<const int*>(block_table.data_ptr()), static_cast<const int*>(seq_lens.data_ptr()),
+                          params);
+            return;
+          }
         }
-      }
-      dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
-        constexpr int HPB = decltype(hpb_tag)::value;
-        constexpr bool EXACT = decltype(exact_tag)::value;
-        const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
-        constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT>;
-        launch_kernel(kernel, grid, dim3(fitted_threads<kernel>(device, num_threads)), smem, stream, pdl, out_ptr,
-                      part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()),
-                      static_cast<const T*>(kv_cache.data_ptr()), static_cast<const int*>(block_table.data_ptr()),
-                      static_cast<const int*>(seq_lens.data_ptr()), params);
+        dispatch_heads_bound(hpb, [&](auto hpb_tag, auto exact_tag) {
+          constexpr int HPB = decltype(hpb_tag)::value;
+          constexpr bool EXACT = decltype(exact_tag)::value;
+          const size_t smem = sizeof(float) * HPB * std::max<int64_t>(part_size, D);
+          constexpr auto kernel = paged_attention_decode_kernel<T, D, HPB, EXACT, C>;
+          launch_kernel(kernel, grid, dim3(fitted_threads<kernel>(device, num_threads)), smem, stream, pdl, out_ptr,
+                        part_out, part_max, part_sum, static_cast<const T*>(query.data_ptr()), cache_ptr,
+                        static_cast<const int*>(block_table.data_ptr()), static_cast<const int*>(seq_lens.data_ptr()),
+                        params);
+        });
       });
-    });
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      run(TypeTag<T>{});  // float32 queries never read FP8 caches (refused above)
+    } else {
+      dispatch_cache_type<T>(kv_cache, run);
+    }
     if (num_partitions > 1) {
       const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
       launch_kernel(paged_attention_reduce_kernel<T>, grid, dim3(128), 0, stream, pdl, out_ptr, part_out, part_max,

@@ -25,10 +25,11 @@ void meta_fused_add_rms_norm(Tensor input, Tensor residual, Tensor weight, doubl
 void meta_silu_and_mul(Tensor result, Tensor input);
 void meta_gelu_and_mul(Tensor out, Tensor input);
 void meta_gelu_tanh_and_mul(Tensor out, Tensor input);
-void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
+void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping, double k_scale,
+                            double v_scale);
 void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                                  double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
-                                 int64_t sliding_window, double logits_soft_cap);
+                                 int64_t sliding_window, double logits_soft_cap, double k_scale, double v_scale);
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
                            Tensor cos_sin_cache, bool is_neox);
 void meta_rotary_embedding_and_cache(Tensor positions, Tensor query, Tensor key, Tensor value, Tensor kv_cache,
@@ -88,10 +89,11 @@ void native_gelu_and_mul(Tensor out, Tensor input);
 void native_gelu_tanh_and_mul(Tensor out, Tensor input);
 
 // ---- paged KV cache + decode attention, Volta-safe, CUDA in every build ----
-void reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping);
+void reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping, double k_scale,
+                       double v_scale);
 void paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                             double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
-                            int64_t sliding_window, double logits_soft_cap);
+                            int64_t sliding_window, double logits_soft_cap, double k_scale, double v_scale);
 
 // ---- rotary embedding, in place on query/key, Volta-safe, CUDA in every build (csrc/rotary_kernels.cu) ----
 void rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,

@@ -39,14 +39,16 @@ void meta_gelu_tanh_and_mul(Tensor out, Tensor input) {
   check_act_and_mul_args("gelu_tanh_and_mul", "out", out, input);
 }
 
-void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping) {
-  check_reshape_and_cache_args(key, value, kv_cache, slot_mapping);
+void meta_reshape_and_cache(Tensor key, Tensor value, Tensor kv_cache, Tensor slot_mapping, double k_scale,
+                            double v_scale) {
+  check_reshape_and_cache_args(key, value, kv_cache, slot_mapping, "reshape_and_cache", /*allow_fp8=*/true);
+  check_kv_scales("reshape_and_cache", k_scale, v_scale);
 }
 void meta_paged_attention_decode(Tensor out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens,
                                  double scale, int64_t max_seq_len, int64_t partition_size, int64_t num_threads,
-                                 int64_t sliding_window, double logits_soft_cap) {
+                                 int64_t sliding_window, double logits_soft_cap, double k_scale, double v_scale) {
   check_paged_decode_args(out, query, kv_cache, block_table, seq_lens, scale, max_seq_len, partition_size,
-                          num_threads, sliding_window, logits_soft_cap);
+                          num_threads, sliding_window, logits_soft_cap, k_scale, v_scale);
 }
 
 void meta_rotary_embedding(Tensor positions, Tensor query, std::optional<Tensor> key, int64_t head_size,
@@ -192,10 +194,12 @@ using namespace vllm_volta;
 STABLE_TORCH_LIBRARY(_C, m) {
   VLLM_VOLTA_DEFINE_NORM_ACT_SCHEMAS(m);
   // Paged KV cache [2, num_blocks, block_size, num_kv_heads, head_size] (docs/ARCHITECTURE.md).
-  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()");
+  // An FP8 cache (float8_e4m3fn / float8_e5m2) holds x / k_scale, x / v_scale (1.0: other caches).
+  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping, float k_scale=1.0, "
+        "float v_scale=1.0) -> ()");
   m.def("paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, "
         "Tensor seq_lens, float scale, int max_seq_len, int partition_size=512, int num_threads=128, "
-        "int sliding_window=0, float logits_soft_cap=0.0) -> ()");
+        "int sliding_window=0, float logits_soft_cap=0.0, float k_scale=1.0, float v_scale=1.0) -> ()");
   // In place on query/key ([T, H*D] or [T, H, D], rows may be strided); cos_sin_cache [max_pos, rot_dim].
   m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");

@@ -84,16 +84,19 @@ def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+                      slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write key/value rows ([T, KH, D] or [T, KH*D]) into the paged ``kv_cache``
-    ([2, num_blocks, block_size, KH, D]) at ``slot_mapping`` (int64; -1 = skip). CUDA only."""
-    torch.ops._C.reshape_and_cache(key, value, kv_cache, slot_mapping)
+    ([2, num_blocks, block_size, KH, D]) at ``slot_mapping`` (int64; -1 = skip). CUDA only.
+    An FP8 cache (float8_e4m3fn / float8_e5m2) gets key / k_scale and value / v_scale, rounded
+    to nearest even and saturated to the format's largest finite value."""
+    torch.ops._C.reshape_and_cache(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int, partition_size: int = 512, num_threads: int = 128,
-                           sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+                           sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                           k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """One query token per sequence attends to its whole cached context. CUDA only.
 
     ``query``/``out`` are [num_seqs, num_heads, head_size] (query rows may be strided);
@@ -103,10 +106,12 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: tor
     any lengths. ``partition_size``/``num_threads`` are tunable launch parameters.
     ``sliding_window``: the query (at seq_len - 1) sees only the last ``sliding_window`` tokens;
     ``logits_soft_cap``: scaled scores s become cap * tanh(s / cap) (None = neither).
+    An FP8 ``kv_cache`` (with float16 / bfloat16 queries) is read as its values times ``k_scale``
+    (keys) and ``v_scale`` (values).
     """
     torch.ops._C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
                                         max_seq_len, partition_size, num_threads, sliding_window or 0,
-                                        logits_soft_cap or 0.0)
+                                        logits_soft_cap or 0.0, k_scale, v_scale)
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,

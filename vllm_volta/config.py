@@ -292,6 +292,9 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
     num_gpu_blocks: int | None = None
+    # The cache's element type: "auto" (the model dtype), "fp8" / "fp8_e4m3" or "fp8_e5m2"
+    # (attention/kv_cache_dtype.py).
+    kv_cache_dtype: str = "auto"
     # Recurrent-state slots (hybrid models: max_num_seqs + 1, slot 0 scratch; 0 otherwise),
     # set by VllmConfig.
     num_state_slots: int = 0
@@ -304,6 +307,8 @@ class CacheConfig:
         if self.cpu_kvcache_space is not None:
             _require(self.cpu_kvcache_space > 0, "cpu_kvcache_space", "> 0 (GiB)",
                      self.cpu_kvcache_space)
+        from vllm_volta.attention.kv_cache_dtype import check_kv_cache_dtype
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.num_gpu_blocks_override is not None:
             _require(isinstance(self.num_gpu_blocks_override, int)
                      and self.num_gpu_blocks_override >= 2,

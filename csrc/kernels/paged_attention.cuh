@@ -18,8 +18,12 @@
 // One partition: the normalized output is written directly. Several: the partition's
 // unnormalized output, max and exp-sum go to fp32 scratch and a second kernel combines
 // them (log-sum-exp rescaling). Everything is fp32 inside; FP16 uses no BF16 path.
+// The cache element C is T, or an FP8 format (kernels/kv_fp8.cuh: 16 elements per 16-byte
+// load, decoded in software); the host folds the key scale into params.scale and the value
+// scale into params.v_scale.
 #pragma once
 
+#include "kernels/kv_fp8.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/type_convert.cuh"
@@ -83,14 +87,39 @@ struct PagedDecodeParams {
   float scale;
   int window;              // sliding window in tokens, 0 = the whole context
   float soft_cap;          // attention-logit soft cap, 0 = none
+  float v_scale;           // multiplies P @ V: an FP8 cache's value scale (x its raw factor), else 1
 };
 
+// One 16-byte vector of cache elements -> floats (FP8: the raw decode; the scales are folded
+// into the query and the output).
+template <typename C, int N>
+__device__ __forceinline__ void cache_to_float(const Vec<typename CacheStorage<C>::type, N>& in, float (&out)[N]) {
+  if constexpr (is_fp8<C>::value) {
+    static_assert(N % 4 == 0, "FP8 rows are read 4 bytes at a time");
+    const unsigned* w = reinterpret_cast<const unsigned*>(in.v);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const unsigned lo = fp8x2_to_raw_half2<C, 0>(w[i]), hi = fp8x2_to_raw_half2<C, 1>(w[i]);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+      out[4 * i] = a.x;
+      out[4 * i + 1] = a.y;
+      out[4 * i + 2] = b.x;
+      out[4 * i + 3] = b.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = Convert<C>::to_float(in.v[j]);
+  }
+}
+
 // EXACT: hpb == HPB (the group is 1, 2, 4 or 8), a compile-time constant; else hpb comes
-// from the params and the heads past it are masked.
-template <typename T, int D, int HPB, bool EXACT>
+// from the params and the heads past it are masked. C: the cache element (T or an FP8 format).
+template <typename T, int D, int HPB, bool EXACT, typename C = T>
 __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __restrict__ part_out,
                                               float* __restrict__ part_max, float* __restrict__ part_sum,
-                                              const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                              const T* __restrict__ query,
+                                              const typename CacheStorage<C>::type* __restrict__ kv_cache,
                                               const int* __restrict__ block_table,
                                               const int* __restrict__ seq_lens, PagedDecodeParams p) {
   pdl_launch_dependents();
@@ -98,8 +127,12 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
   if constexpr (!arch_supports<T>::value) {
     __trap();
   } else {
-    using R = RowLanes<T, D>;
-    using V = Vec<T, R::kVec>;
+    using S = typename CacheStorage<C>::type;
+    using R = RowLanes<S, D>;  // the lanes follow the cache's 16-byte vectors
+    using V = Vec<S, R::kVec>;
+    // Queries are read in 16-byte pieces of T (an FP8 row vector spans 2 or 4 of them).
+    constexpr int kQVec = 16 / sizeof(T) < R::kVec ? 16 / sizeof(T) : R::kVec;
+    using QV = Vec<T, kQVec>;
     constexpr int U = kPagedTokensInFlight;
     const int seq = blockIdx.y;
     const int part = blockIdx.z;
@@ -121,8 +154,8 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     const int num_warps = blockDim.x / 32;
     const int* bt = block_table + seq * p.bt_stride;
     const int64_t token_stride = static_cast<int64_t>(p.num_kv_heads) * D;
-    const T* k_base = kv_cache + kv_head * D;
-    const T* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
+    const S* k_base = kv_cache + kv_head * D;
+    const S* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
 
     // Element offset of context token i (of this partition) in one half of the cache.
     auto token_offset = [&](int i) -> int64_t {
@@ -134,20 +167,24 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     float q[HPB][R::kPerLane][R::kVec];
 #pragma unroll
     for (int h = 0; h < HPB; ++h) {
-      const V* qrow = reinterpret_cast<const V*>(query + seq * p.q_stride + static_cast<int64_t>(head0 + h) * D);
+      const QV* qrow = reinterpret_cast<const QV*>(query + seq * p.q_stride + static_cast<int64_t>(head0 + h) * D);
 #pragma unroll
       for (int c = 0; c < R::kPerLane; ++c) {
         const int vi = lane + c * R::kLanes;
         const bool live = h < hpb && vi < R::kVecs;  // heads past hpb: q = 0, never stored
-        V qv;
-        if (live) qv = qrow[vi];
 #pragma unroll
-        for (int j = 0; j < R::kVec; ++j) q[h][c][j] = live ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
+        for (int piece = 0; piece < R::kVec / kQVec; ++piece) {
+          QV qv;
+          if (live) qv = qrow[vi * (R::kVec / kQVec) + piece];
+#pragma unroll
+          for (int j = 0; j < kQVec; ++j)
+            q[h][c][piece * kQVec + j] = live ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
+        }
       }
     }
     // This lane's slices of the rows of tokens base + u * num_groups + group (u < U) of one
     // cache half: U independent 16-byte loads in flight per lane.
-    auto load_rows = [&](const T* half_base, V (&rows)[U][R::kPerLane], int base) {
+    auto load_rows = [&](const S* half_base, V (&rows)[U][R::kPerLane], int base) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int i = base + u * num_groups + group;
@@ -174,11 +211,12 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
 #pragma unroll
           for (int c = 0; c < R::kPerLane; ++c) {
             if (lane + c * R::kLanes >= R::kVecs) continue;
+            float kf[R::kVec];
+            cache_to_float<C>(k[u][c], kf);
 #pragma unroll
             for (int j = 0; j < R::kVec; ++j) {
-              const float kf = Convert<T>::to_float(k[u][c].v[j]);
 #pragma unroll
-              for (int h = 0; h < HPB; ++h) dot[h] += q[h][c][j] * kf;
+              for (int h = 0; h < HPB; ++h) dot[h] += q[h][c][j] * kf[j];
             }
           }
         }
@@ -237,11 +275,12 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
 #pragma unroll
         for (int c = 0; c < R::kPerLane; ++c) {
           if (lane + c * R::kLanes >= R::kVecs) continue;
+          float vf[R::kVec];
+          cache_to_float<C>(v[u][c], vf);
 #pragma unroll
           for (int j = 0; j < R::kVec; ++j) {
-            const float vf = Convert<T>::to_float(v[u][c].v[j]);
 #pragma unroll
-            for (int h = 0; h < HPB; ++h) acc[h][c][j] += prob[h] * vf;
+            for (int h = 0; h < HPB; ++h) acc[h][c][j] += prob[h] * vf[j];
           }
         }
       }
@@ -276,13 +315,13 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
       for (int idx = threadIdx.x; idx < hpb * D; idx += blockDim.x) {
         const int h = idx / D;
         out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] =
-            Convert<T>::from_float(smem[idx] / s_sum[h]);
+            Convert<T>::from_float(smem[idx] * p.v_scale / s_sum[h]);
       }
     } else {
       for (int idx = threadIdx.x; idx < hpb * D; idx += blockDim.x) {
         const int h = idx / D;
         const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + part;
-        part_out[row * D + idx % D] = smem[idx];
+        part_out[row * D + idx % D] = smem[idx] * p.v_scale;
         if (idx % D == 0) {
           part_max[row] = s_max[h];
           part_sum[row] = s_sum[h];

@@ -15,6 +15,9 @@
 //     shared memory.
 // No lane-group shuffles or per-element FMAs: the CUDA cores only move data and run the
 // softmax (the CUDA-core kernel was bound by issuing those instructions).
+// An FP8 cache (C = Fp8E4M3 / Fp8E5M2) is read 16 elements per 16-byte load and decoded to
+// FP16 / BF16 (raw: the scales are folded into params.scale and params.v_scale) as the tile is
+// staged, so the MMAs and the shared-memory layout are the same as for a 16-bit cache.
 #pragma once
 
 #include <mma.h>
@@ -42,16 +45,36 @@ __host__ __device__ constexpr int64_t tc_smem_bytes(int d, int warps, int partit
          + 4LL * 2 * kTcRows;                                // max, sum per head
 }
 
-// The kernel's body for T = __half (SM70+) or __nv_bfloat16 (SM80+).
-template <typename T, int D>
+// Eight FP8 bytes (one 8-byte word pair) -> eight staged elements of T (one 16-byte vector).
+template <typename T, typename Fmt>
+__device__ __forceinline__ uint4 fp8x8_to_staged(unsigned w0, unsigned w1) {
+  unsigned h[4] = {fp8x2_to_raw_half2<Fmt, 0>(w0), fp8x2_to_raw_half2<Fmt, 1>(w0), fp8x2_to_raw_half2<Fmt, 0>(w1),
+                   fp8x2_to_raw_half2<Fmt, 1>(w1)};
+  if constexpr (!same_type<T, __half>::value) {  // BF16 (SM80+): FP8 values are exact in BF16 too
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(*reinterpret_cast<const __half2*>(&h[i])));
+      h[i] = *reinterpret_cast<const unsigned*>(&b);
+    }
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// The kernel's body for T = __half (SM70+) or __nv_bfloat16 (SM80+); C: the cache element (T
+// or an FP8 format).
+template <typename T, int D, typename C = T>
 __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, float* __restrict__ part_out,
                                                           float* __restrict__ part_max, float* __restrict__ part_sum,
-                                                          const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                                          const T* __restrict__ query,
+                                                          const typename CacheStorage<C>::type* __restrict__ kv_cache,
                                                           const int* __restrict__ block_table,
                                                           const int* __restrict__ seq_lens, const PagedDecodeParams& p) {
   namespace wmma = nvcuda::wmma;
+  using S = typename CacheStorage<C>::type;
+  constexpr bool kFp8 = is_fp8<C>::value;
   constexpr int LDS = tc_stage_stride(D);
-  constexpr int VR = D / 8;  // 16-byte vectors per row
+  constexpr int kPerVec = 16 / sizeof(S);  // cache elements per 16-byte load (8, or 16 for FP8)
+  constexpr int VR = D / kPerVec;          // 16-byte loads per row
   static_assert(D % 32 == 0, "head size must be a multiple of 32");
   const int seq = blockIdx.y;
   const int seq_len = seq_lens[seq];
@@ -86,23 +109,23 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
 
   const int* bt = block_table + seq * p.bt_stride;
   const int64_t token_stride = static_cast<int64_t>(p.num_kv_heads) * D;
-  const T* k_base = kv_cache + kv_head * D;
-  const T* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
+  const S* k_base = kv_cache + kv_head * D;
+  const S* v_base = kv_cache + p.num_slots * token_stride + kv_head * D;
 
   // Rows i0 .. i0 + 31 of one cache half, as this lane's VR 16-byte vectors of the tile
   // (rows past n: zeros). A whole tile with block_size a multiple of 16 is two runs of 16
   // consecutive slots (the tile starts at a multiple of 32 tokens): two block-table reads
   // and plain address arithmetic. Otherwise lane l finds the cache slot of row l and shares it.
   const bool runs16 = p.block_size % 16 == 0;
-  auto load_rows = [&](uint4 (&vals)[VR], const T* cache_half, int i0) {
+  auto load_rows = [&](uint4 (&vals)[VR], const S* cache_half, int i0) {
     if (runs16 && i0 + kTcTile <= n) {
       const int t0 = start + i0, t1 = t0 + 16;
-      const T* run0 = cache_half + static_cast<int64_t>(bt[t0 / p.block_size] * p.block_size + t0 % p.block_size) * token_stride;
-      const T* run1 = cache_half + static_cast<int64_t>(bt[t1 / p.block_size] * p.block_size + t1 % p.block_size) * token_stride;
+      const S* run0 = cache_half + static_cast<int64_t>(bt[t0 / p.block_size] * p.block_size + t0 % p.block_size) * token_stride;
+      const S* run1 = cache_half + static_cast<int64_t>(bt[t1 / p.block_size] * p.block_size + t1 % p.block_size) * token_stride;
 #pragma unroll
       for (int r = 0; r < VR; ++r) {
         const int v = lane + 32 * r, row = v / VR;
-        const T* src = (row < 16 ? run0 + row * token_stride : run1 + (row - 16) * token_stride) + (v % VR) * 8;
+        const S* src = (row < 16 ? run0 + row * token_stride : run1 + (row - 16) * token_stride) + (v % VR) * kPerVec;
         vals[r] = *reinterpret_cast<const uint4*>(src);
       }
       return;
@@ -117,14 +140,20 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
     for (int r = 0; r < VR; ++r) {
       const int v = lane + 32 * r;
       const int s = __shfl_sync(0xffffffffu, slot, v / VR);
-      vals[r] = s >= 0 ? *reinterpret_cast<const uint4*>(cache_half + s * token_stride + (v % VR) * 8) : zero;
+      vals[r] = s >= 0 ? *reinterpret_cast<const uint4*>(cache_half + s * token_stride + (v % VR) * kPerVec) : zero;
     }
   };
   auto store_rows = [&](const uint4 (&vals)[VR]) {
 #pragma unroll
     for (int r = 0; r < VR; ++r) {
       const int v = lane + 32 * r;
-      *reinterpret_cast<uint4*>(stage + (v / VR) * LDS + (v % VR) * 8) = vals[r];
+      T* dst = stage + (v / VR) * LDS + (v % VR) * kPerVec;
+      if constexpr (kFp8) {  // 16 bytes -> two 16-byte vectors of T
+        *reinterpret_cast<uint4*>(dst) = fp8x8_to_staged<T, C>(vals[r].x, vals[r].y);
+        *reinterpret_cast<uint4*>(dst + 8) = fp8x8_to_staged<T, C>(vals[r].z, vals[r].w);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = vals[r];
+      }
     }
   };
   __syncthreads();  // queries staged
@@ -229,10 +258,11 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
     for (int w = 0; w < num_warps; ++w) o_sum += red[w * kTcRows * D + idx];
     const int h = idx / D;
     if (p.num_partitions == 1) {
-      out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] = Convert<T>::from_float(o_sum / s_sum[h]);
+      out[(static_cast<int64_t>(seq) * p.num_heads + head0 + h) * D + idx % D] =
+          Convert<T>::from_float(o_sum * p.v_scale / s_sum[h]);
     } else {
       const int64_t row = (static_cast<int64_t>(seq) * p.num_heads + head0 + h) * p.num_partitions + blockIdx.z;
-      part_out[row * D + idx % D] = o_sum;
+      part_out[row * D + idx % D] = o_sum * p.v_scale;
       if (idx % D == 0) {
         part_max[row] = s_max[h];
         part_sum[row] = s_sum[h];
@@ -241,16 +271,17 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, typename C = T>
 __global__ void paged_attention_decode_tc_kernel(T* __restrict__ out, float* __restrict__ part_out,
                                                  float* __restrict__ part_max, float* __restrict__ part_sum,
-                                                 const T* __restrict__ query, const T* __restrict__ kv_cache,
+                                                 const T* __restrict__ query,
+                                                 const typename CacheStorage<C>::type* __restrict__ kv_cache,
                                                  const int* __restrict__ block_table,
                                                  const int* __restrict__ seq_lens, PagedDecodeParams p) {
   pdl_launch_dependents();
   pdl_wait();  // the query and this step's keys / values come from the kernel before
   if constexpr (arch_supports<T>::value)
-    paged_attention_decode_tc<T, D>(out, part_out, part_max, part_sum, query, kv_cache, block_table, seq_lens, p);
+    paged_attention_decode_tc<T, D, C>(out, part_out, part_max, part_sum, query, kv_cache, block_table, seq_lens, p);
   else
     __trap();  // bf16 below SM80: refused by the host before launching
 }

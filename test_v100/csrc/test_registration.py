@@ -24,11 +24,12 @@ ADAPTED_OPS = {
 CUDA_ONLY_OPS = {
     "awq_dequantize": "awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()",
     "awq_gemv": "awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()",
-    "reshape_and_cache": "reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping) -> ()",
+    "reshape_and_cache": ("reshape_and_cache(Tensor key, Tensor value, Tensor! kv_cache, Tensor slot_mapping, "
+                          "float k_scale=1.0, float v_scale=1.0) -> ()"),
     "paged_attention_decode": (
         "paged_attention_decode(Tensor! out, Tensor query, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int max_seq_len, int partition_size=512, int num_threads=128, int sliding_window=0, "
-        "float logits_soft_cap=0.0) -> ()"
+        "float logits_soft_cap=0.0, float k_scale=1.0, float v_scale=1.0) -> ()"
     ),
     "rotary_embedding": (
         "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "

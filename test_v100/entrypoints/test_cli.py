@@ -37,12 +37,12 @@ def test_vllm_only_flags_are_accepted_and_logged(capsys):
     honour is refused, naming the flag."""
     args = parse_args(["serve", "m", "--attention-backend", "TRITON_ATTN", "--disable-custom-all-reduce",
                        "--swap-space", "4", "--disable-log-requests", "--task", "generate",
-                       "--distributed-executor-backend", "mp", "--kv-cache-dtype", "auto", "--tokenizer-mode", "auto"])
+                       "--distributed-executor-backend", "mp", "--tokenizer-mode", "auto"])
     check_vllm_flags(args)
     logged = capsys.readouterr().out
     assert "--disable-custom-all-reduce: no effect here" in logged and "--attention-backend TRITON_ATTN" in logged
     assert build_engine_args(args).model == "m"
-    for flag, value in (("--kv-cache-dtype", "fp8"), ("--runner", "draft"), ("--tokenizer-mode", "mistral")):
+    for flag, value in (("--runner", "draft"), ("--tokenizer-mode", "mistral")):
         with pytest.raises(ValueError, match=f"{flag} '{value}' is not supported; supported: "):
             check_vllm_flags(parse_args(["serve", "m", flag, value]))
     check_vllm_flags(parse_args(["serve", "m"]))  # none given: nothing to say

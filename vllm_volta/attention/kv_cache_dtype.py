@@ -115,3 +115,35 @@ def load_kv_scale(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> bo
         setattr(attn.impl, f"{kind}_scale", value)
     attn.impl.kv_scales_from_checkpoint = True
     return True
+
+
+def with_cache_dtype(specs: list, kv_cache_dtype: str) -> list:
+    """The model's cache specs with their paged layers (full attention, sliding window) in the
+    FP8 dtype of ``kv_cache_dtype``; unchanged for "auto". Block bytes, and so the number of
+    blocks a budget holds, follow from the specs' dtype."""
+    if kv_cache_dtype == "auto":
+        return specs
+    import dataclasses
+
+    from vllm_volta.core.kv_cache_spec import is_paged
+
+    dtype = _FP8_DTYPES[kv_cache_dtype]
+    return [dataclasses.replace(s, dtype=dtype) if is_paged(s) else s for s in specs]
+
+
+def describe_kv_scales(model: torch.nn.Module, kv_cache_dtype: str) -> str | None:
+    """One log line on an FP8 cache's format and where its scales come from; None for "auto"."""
+    if kv_cache_dtype == "auto":
+        return None
+    from vllm_volta.attention.layer import Attention
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    loaded = sum(bool(m.impl.kv_scales_from_checkpoint) for m in layers)
+    fmt = str(_FP8_DTYPES[kv_cache_dtype]).removeprefix("torch.")
+    if loaded == 0:
+        where = "k/v scales 1.0 (the checkpoint has no k_scale / v_scale)"
+    else:
+        where = f"k/v scales from the checkpoint for {loaded} of {len(layers)} attention layers"
+        if loaded < len(layers):
+            where += " (1.0 for the others)"
+    return f"KV cache dtype {kv_cache_dtype} ({fmt}, 1 byte per element): {where}"

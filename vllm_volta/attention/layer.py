@@ -8,15 +8,17 @@ import torch
 from torch import nn
 
 from vllm_volta.attention.backends import check_head_grouping
+from vllm_volta.attention.kv_cache_dtype import is_fp8, quantize
 from vllm_volta.attention.metadata import AttentionMetadata
 
 
 def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+                      slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write ``key``/``value`` ([T, KH*D] or [T, KH, D]) into ``kv_cache`` at ``slot_mapping``.
 
     ``kv_cache`` is ``[2, num_blocks, block_size, KH, D]``; slot ``s`` is block ``s // block_size``,
-    offset ``s % block_size``. Slots of -1 (padding tokens) are skipped.
+    offset ``s % block_size``. Slots of -1 (padding tokens) are skipped. An FP8 cache gets
+    ``key / k_scale`` and ``value / v_scale``, rounded to nearest even and saturated.
     """
     num_kv_heads, head_size = kv_cache.shape[-2], kv_cache.shape[-1]
     # view (not reshape): the write must land in the cache's own storage.
@@ -27,6 +29,10 @@ def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
     value = value[:num_tokens].reshape(num_tokens, num_kv_heads, head_size)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
+    if is_fp8(kv_cache.dtype):
+        key_cache[slots] = quantize(key[valid], k_scale, kv_cache.dtype)
+        value_cache[slots] = quantize(value[valid], v_scale, kv_cache.dtype)
+        return
     key_cache[slots] = key[valid].to(kv_cache.dtype)
     value_cache[slots] = value[valid].to(kv_cache.dtype)
 
@@ -89,7 +95,10 @@ class Attention(nn.Module):
                 self._rope_and_write(rotary_emb, positions, query, key, value, kv_cache, slot_mapping)
                 return self.impl.forward(query, key, value, kv_cache, attn_metadata)
             query, key = rotary_emb(positions, query, key)
-        self._write(key, value, kv_cache, slot_mapping)
+        if is_fp8(kv_cache.dtype):  # the layer's scales (a write of another cache takes none)
+            self._write(key, value, kv_cache, slot_mapping, self.impl.k_scale, self.impl.v_scale)
+        else:
+            self._write(key, value, kv_cache, slot_mapping)
         return self.impl.forward(query, key, value, kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:

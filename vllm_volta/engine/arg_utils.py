@@ -44,6 +44,9 @@ _HELP = {
     "gpu_memory_utilization": "fraction of GPU memory for weights, activations and KV cache",
     "cpu_kvcache_space": "KV-cache size in GiB on CPU (default: VLLM_VOLTA_CPU_KVCACHE_SPACE)",
     "num_gpu_blocks_override": "use exactly this many KV blocks (testing)",
+    "kv_cache_dtype": "KV-cache element type: auto (the model dtype), fp8 / fp8_e4m3 (e4m3fn) or fp8_e5m2; "
+                      "FP8 halves the bytes per token, scaled per layer by the checkpoint's k_scale / "
+                      "v_scale where it has them, else 1.0",
     "max_num_seqs": "max sequences per step",
     "max_num_batched_tokens": "max tokens per step (the token budget)",
     "enforce_eager": "disable CUDA graphs",
@@ -95,6 +98,7 @@ class EngineArgs:
     cpu_kvcache_space: float | None = None
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
+    kv_cache_dtype: str = "auto"
     # Scheduling
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -126,6 +130,7 @@ class EngineArgs:
             cpu_kvcache_space=self.cpu_kvcache_space,
             enable_prefix_caching=self.enable_prefix_caching,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         model_config = ModelConfig(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,

@@ -142,8 +142,16 @@ class ModelRunner:
         from vllm_volta.model_executor.layers.expert_parallel import expert_parallel
         with expert_parallel(self.vllm_config.parallel_config.enable_expert_parallel):
             self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
+        from vllm_volta.attention.kv_cache_dtype import describe_kv_scales
+        if (line := describe_kv_scales(self.model, self.vllm_config.cache_config.kv_cache_dtype)) and self.is_driver:
+            logger.info(line)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
+        """What each layer keeps, its paged caches in the configured kv_cache_dtype."""
+        from vllm_volta.attention.kv_cache_dtype import with_cache_dtype
+        return with_cache_dtype(self._model_kv_cache_specs(), self.vllm_config.cache_config.kv_cache_dtype)
+
+    def _model_kv_cache_specs(self) -> list[KVCacheSpec]:
         """What each layer keeps (core/kv_cache_spec.py): the model's own list where it has one
         (per-layer shapes, recurrent state), else the same paged cache for every layer."""
         if hasattr(self.model, "kv_cache_specs"):

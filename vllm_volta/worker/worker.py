@@ -180,10 +180,11 @@ class Worker:
         if pc.pipeline_parallel_size > 1:
             tp += f" | pipeline parallel {pc.pipeline_parallel_size} (stage 0's cache)"
         logger.info(
-            "Model %s | dtype %s | attention backend %s%s | KV cache: %s, %.2f GiB per device | "
+            "Model %s | dtype %s | attention backend %s%s | KV cache%s: %s, %.2f GiB per device | "
             "max concurrency for %d-token requests: %.2fx",
             mc.served_model_name, str(mc.dtype).removeprefix("torch."),
-            getattr(self.model_runner.attn_backend, "name", "?"), tp, blocks,
+            getattr(self.model_runner.attn_backend, "name", "?"), tp,
+            "" if (kv := self.vllm_config.cache_config.kv_cache_dtype) == "auto" else f" ({kv})", blocks,
             num_blocks * self.model_runner.kv_cache_block_bytes() / 2**30,
             mc.max_model_len, (num_blocks - 1) / per_request)
         if per_request > num_blocks - 1:

@@ -47,3 +47,8 @@ class AttentionImplBase:
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
+        # An FP8 KV cache holds key / scale and value / scale (attention/kv_cache_dtype.py):
+        # the checkpoint's per-layer scales when it has them (set by the weight loader), else 1.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
+        self.kv_scales_from_checkpoint = False

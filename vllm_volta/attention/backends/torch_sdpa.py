@@ -2,10 +2,14 @@
 
 Keys/values are gathered from the paged cache through the block table and handed to
 ``torch.nn.functional.scaled_dot_product_attention``. Decode sequences (one new token each) run
-as one padded batch; prefill (and chunked-prefill) sequences run one by one with a causal mask
-shifted to their context offset, since their new tokens are the LAST ``q_len`` of ``seq_len``.
-A sliding window narrows both masks; a logit soft cap runs the explicit math
-(attention/explicit.py) instead of SDPA. That split is worked out by the first layer of a step
+as one padded batch (a sliding window narrows their mask; a logit soft cap runs the explicit math
+of attention/explicit.py). Prefill sequences run one by one: a fresh prompt (nothing cached, no
+window, no soft cap) as one causal SDPA call on 4-D inputs, which torch runs as its fused kernel
+on CPU (3-D inputs take the math path, which holds [heads, q, q] scores); a chunk over a cached
+prefix, a windowed or a soft-capped prefill (new tokens that are the LAST ``q_len`` of
+``seq_len``) through attention/tiled_prefill.py, which reads the context from the cache tile by
+tile with an online softmax: a 128k-token prompt's chunks need memory bounded by the chunk, not
+by the context. That split is worked out by the first layer of a step
 (per window) and cached on the AttentionMetadata, so a metadata object must not be changed in
 place once a forward pass has used it.
 """
@@ -18,8 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm_volta.attention.backends import AttentionImplBase
-from vllm_volta.attention.explicit import context_mask, masked_attention
+from vllm_volta.attention.explicit import masked_attention
+from vllm_volta.attention.kv_cache_dtype import read_cache
 from vllm_volta.attention.metadata import AttentionMetadata
+from vllm_volta.attention.tiled_prefill import paged_prefill_attention
 
 if TYPE_CHECKING:
     from vllm_volta.platforms.interface import DeviceCapability
@@ -60,9 +66,8 @@ class _Plan:
     decode_blocks: torch.Tensor | None = None  # [Bd, nb] their block tables, cut to the longest
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] True = context position is valid
     decode_len: int = 0
-    # (start token, q_len, seq_len, blocks [nb], causal mask [q_len, seq_len] or None)
-    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]] = field(
-        default_factory=list)
+    # (start token, q_len, seq_len, blocks [nb])
+    prefills: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
 
 
 def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _Plan:
@@ -88,8 +93,7 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _
         if q_len <= 1:
             continue
         blocks = md.block_table[i, : -(-seq_len // block_size)].long()
-        mask = context_mask(q_len, seq_len, window, device)  # None: plain causal
-        plan.prefills.append((starts[i], q_len, seq_len, blocks, mask))
+        plan.prefills.append((starts[i], q_len, seq_len, blocks))
     return plan
 
 
@@ -109,23 +113,33 @@ class TorchSDPAImpl(AttentionImplBase):
         out = output[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         if plan.decode_tokens is not None:  # all one-token sequences as one padded batch
-            k = self._gather_kv(key_cache, plan.decode_blocks, plan.decode_len)  # [B, H, L, D]
-            v = self._gather_kv(value_cache, plan.decode_blocks, plan.decode_len)
+            k = self._gather_kv(key_cache, plan.decode_blocks, plan.decode_len, self.k_scale, q.dtype)  # [B, H, L, D]
+            v = self._gather_kv(value_cache, plan.decode_blocks, plan.decode_len, self.v_scale, q.dtype)
             qb = q[plan.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
             res = self._sdpa(qb, k, v, plan.decode_mask)
             out[plan.decode_tokens] = res.squeeze(2).to(out.dtype)
-        for start, q_len, seq_len, blocks, mask in plan.prefills:
-            k = self._gather_kv(key_cache, blocks, seq_len)  # [H, L, D]
-            v = self._gather_kv(value_cache, blocks, seq_len)
+        for start, q_len, seq_len, blocks in plan.prefills:
+            if q_len != seq_len or window is not None or self.logits_soft_cap is not None:
+                out[start:start + q_len] = paged_prefill_attention(
+                    q[start:start + q_len], key_cache, value_cache, blocks, seq_len, self.scale,
+                    window=window, soft_cap=self.logits_soft_cap, k_scale=self.k_scale,
+                    v_scale=self.v_scale).to(out.dtype)
+                continue
+            k = self._gather_kv(key_cache, blocks, seq_len, self.k_scale, q.dtype)  # [H, L, D]
+            v = self._gather_kv(value_cache, blocks, seq_len, self.v_scale, q.dtype)
             qs = q[start:start + q_len].transpose(0, 1)  # [H, q_len, D]
-            res = self._sdpa(qs, k, v, mask)
+            # 4-D: torch's fused CPU kernel, not the math path (plain causal: no mask).
+            res = self._sdpa(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None).squeeze(0)
             out[start:start + q_len] = res.transpose(0, 1).to(out.dtype)
         return output
 
-    def _gather_kv(self, cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
-        """Context of ``length`` tokens from ``blocks`` ([..., nb]) -> [..., H, length, D]."""
+    def _gather_kv(self, cache: torch.Tensor, blocks: torch.Tensor, length: int, scale: float,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """Context of ``length`` tokens from ``blocks`` ([..., nb]) -> [..., H, length, D] in
+        ``dtype`` (an FP8 cache dequantized with ``scale``)."""
         gathered = cache[blocks]  # [..., nb, block_size, KH, D]
         gathered = gathered.flatten(-4, -3)[..., :length, :, :]  # [..., length, KH, D]
+        gathered = read_cache(gathered, scale, dtype)
         gathered = gathered.transpose(-3, -2)
         if self.num_queries_per_kv > 1:  # GQA: each kv head serves a group of query heads
             gathered = gathered.repeat_interleave(self.num_queries_per_kv, dim=-3)
@@ -133,5 +147,5 @@ class TorchSDPAImpl(AttentionImplBase):
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: torch.Tensor | None) -> torch.Tensor:
-        # SDPA wants matching dtypes; the cache dtype is the model's activation dtype.
-        return masked_attention(q, k.to(q.dtype), v.to(q.dtype), mask, self.scale, self.logits_soft_cap)
+        # SDPA wants matching dtypes (_gather_kv read the cache as the query's).
+        return masked_attention(q, k, v, mask, self.scale, self.logits_soft_cap)

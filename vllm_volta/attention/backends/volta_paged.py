@@ -32,6 +32,7 @@ from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.backends.paged_decode_launch import (  # noqa: F401 (heads_per_block: re-exported)
     context_bucket, default_launch_config, heads_per_block)
 from vllm_volta.attention.explicit import soft_capped_prefill
+from vllm_volta.attention.kv_cache_dtype import is_fp8, read_cache
 from vllm_volta.attention.metadata import AttentionMetadata
 from vllm_volta.host_copy import to_device
 from vllm_volta.logger import info_once, init_logger
@@ -208,19 +209,25 @@ class VoltaPagedImpl(AttentionImplBase):
         self.prefill_kernel: str | None = None  # "flash" / "efficient", chosen at the first prefill
 
     def write_to_kv_cache(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor) -> None:
-        """Fused cache write (slots of -1 are skipped); called by the Attention layer."""
+                          slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+        """Fused cache write (slots of -1 are skipped; an FP8 cache gets key / k_scale and
+        value / v_scale); called by the Attention layer."""
         from vllm_volta import _custom_ops as ops
 
-        ops.reshape_and_cache(key, value, kv_cache, slot_mapping)
+        ops.reshape_and_cache(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
     def rope_and_write_to_kv_cache(self, rotary_emb: Any, positions: torch.Tensor, query: torch.Tensor,
                                    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                                    slot_mapping: torch.Tensor) -> None:
         """RoPE on query/key (in place) and the cache write, in one kernel (one slot per token);
-        called by the Attention layer."""
+        called by the Attention layer. An FP8 cache: RoPE in place, then the quantizing write."""
         from vllm_volta import _custom_ops as ops
 
+        if is_fp8(kv_cache.dtype):
+            ops.rotary_embedding(positions, query, key, rotary_emb.head_size, rotary_emb.cos_sin_cache,
+                                 rotary_emb.is_neox_style)
+            ops.reshape_and_cache(key, value, kv_cache, slot_mapping, self.k_scale, self.v_scale)
+            return
         ops.rotary_embedding_and_cache(positions, query, key, value, kv_cache, slot_mapping, rotary_emb.head_size,
                                        rotary_emb.cos_sin_cache, rotary_emb.is_neox_style)
 
@@ -291,7 +298,8 @@ class VoltaPagedImpl(AttentionImplBase):
 
         ops.paged_attention_decode(out, q, kv_cache, block_table, seq_lens, self.scale, max_seq_len,
                                    **self._launch_config(q.shape[0], max_seq_len, q.dtype, q.device),
-                                   sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap)
+                                   sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap,
+                                   k_scale=self.k_scale, v_scale=self.v_scale)
 
     def _prefill(self, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  part: _PrefillPart) -> torch.Tensor:
@@ -303,7 +311,8 @@ class VoltaPagedImpl(AttentionImplBase):
             k = kv_cache[0].view(-1, kh, d)[part.context_slots]
             v = kv_cache[1].view(-1, kh, d)[part.context_slots]
         q = q[part.rows]
-        k, v = k.to(q.dtype), v.to(q.dtype)
+        # An FP8 cache is dequantized (value times its scale) as it is read.
+        k, v = read_cache(k, self.k_scale, q.dtype), read_cache(v, self.v_scale, q.dtype)
         window = self.sliding_window
         if self._prefill_kernel(q) == "flash" and self.logits_soft_cap is None:
             # A window of w keys: w - 1 to the left of the diagonal, none to the right.

@@ -30,7 +30,6 @@ _NO_EFFECT_FLAGS: dict[str, tuple[dict[str, Any], str, tuple[str, ...] | None]] 
     "--runner": ({"type": str}, "every model generates and embeds (/v1/embeddings)", ("auto", "generate", "pooling")),
     "--attention-backend": ({"type": str}, "the attention backend is chosen per GPU (VOLTA_PAGED on CUDA); "
                                            "VLLM_VOLTA_ATTENTION_BACKEND forces one", None),
-    "--kv-cache-dtype": ({"type": str}, "the KV cache holds the model dtype", ("auto",)),
     "--tokenizer-mode": ({"type": str}, "tokenizers load through transformers", ("auto", "hf")),
 }
 
@@ -112,7 +111,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def check_vllm_flags(args: argparse.Namespace) -> None:
     """Log the vLLM-only flags that were given (and why they change nothing); ValueError for a
-    value this server cannot honour (e.g. --kv-cache-dtype fp8), naming the flag."""
+    value this server cannot honour (e.g. --tokenizer-mode mistral), naming the flag."""
     for flag, (_, why, allowed) in _NO_EFFECT_FLAGS.items():
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value in (None, False):
