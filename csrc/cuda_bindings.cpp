@@ -36,6 +36,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("fp8_gemv", TORCH_BOX(&fp8_gemv));
   m.impl("fp8_dequantize", TORCH_BOX(&fp8_dequantize));
   m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm));
+  m.impl("gguf_gemv", TORCH_BOX(&gguf_gemv));
+  m.impl("gguf_dequantize", TORCH_BOX(&gguf_dequantize));
   m.impl("gated_delta_rule_decode", TORCH_BOX(&gated_delta_rule_decode));
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&causal_conv1d_update));

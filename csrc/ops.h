@@ -54,6 +54,8 @@ void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 void meta_fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
                    std::optional<Tensor> bias, int64_t split_k);
+void meta_gguf_gemv(Tensor out, Tensor input, Tensor weight, int64_t qtype, std::optional<Tensor> bias);
+void meta_gguf_dequantize(Tensor out, Tensor weight, int64_t qtype);
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_topk_sigmoid(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);
 void meta_moe_align_block_size(Tensor topk_ids, int64_t num_experts, int64_t block_size, Tensor sorted_token_ids,
@@ -129,6 +131,10 @@ void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t gr
 void fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 void fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
               int64_t split_k);
+
+// ---- GGUF blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) decoded in registers, float16, Volta-safe (csrc/gguf_kernels.cu) ----
+void gguf_gemv(Tensor out, Tensor input, Tensor weight, int64_t qtype, std::optional<Tensor> bias);
+void gguf_dequantize(Tensor out, Tensor weight, int64_t qtype);
 
 // ---- mixture of experts: routing, expert order, decode GEMVs, grouped GEMM (csrc/moe_kernels.cu) ----
 void topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output);

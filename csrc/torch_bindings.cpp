@@ -13,6 +13,7 @@
 #include "fp8_checks.h"
 #include "gdn_checks.h"
 #include "gemv_checks.h"
+#include "gguf_checks.h"
 #include "moe_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
@@ -109,6 +110,10 @@ void meta_fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64
                    std::optional<Tensor> bias, int64_t split_k) {
   check_fp8_gemm_args(out, input, weight, scales, group_k, bias, split_k);
 }
+void meta_gguf_gemv(Tensor out, Tensor input, Tensor weight, int64_t qtype, std::optional<Tensor> bias) {
+  check_gguf_gemv_args(out, input, weight, qtype, bias);
+}
+void meta_gguf_dequantize(Tensor out, Tensor weight, int64_t qtype) { check_gguf_dequantize_args(out, weight, qtype); }
 void meta_topk_softmax(Tensor topk_weights, Tensor topk_ids, Tensor token_expert_indices, Tensor gating_output) {
   check_topk_args("topk_softmax", topk_weights, topk_ids, token_expert_indices, gating_output);
 }
@@ -245,6 +250,10 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // The same product for any M on tensor cores (float16 MMAs, FP32 accumulation); split_k 0: automatic.
   m.def("fp8_gemm(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None, "
         "int split_k=0) -> ()");
+  // GGUF blocks uint8 [N, row_bytes] of GGML type `qtype` (Q4_0 2, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14):
+  // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8, float16; out [N, K] = W in float16.
+  m.def("gguf_gemv(Tensor! out, Tensor input, Tensor weight, int qtype, Tensor? bias=None) -> ()");
+  m.def("gguf_dequantize(Tensor! out, Tensor weight, int qtype) -> ()");
   // Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention), states addressed by slot
   // (docs/ARCHITECTURE.md): q, k [N, Hk, Dk], v / out [N, Hv, Dv], a / b [N, Hv] (g and beta, or
   // with A_log and dt_bias the raw projections), state [num_slots, Hv, Dk, Dv], state_slots [B].
@@ -311,6 +320,8 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("fp8_gemv", TORCH_BOX(&meta_fp8_gemv));
   m.impl("fp8_dequantize", TORCH_BOX(&meta_fp8_dequantize));
   m.impl("fp8_gemm", TORCH_BOX(&meta_fp8_gemm));
+  m.impl("gguf_gemv", TORCH_BOX(&meta_gguf_gemv));
+  m.impl("gguf_dequantize", TORCH_BOX(&meta_gguf_dequantize));
   m.impl("gated_delta_rule_decode", TORCH_BOX(&meta_gated_delta_rule_decode));
   m.impl("gated_delta_rule_prefill", TORCH_BOX(&meta_gated_delta_rule_prefill));
   m.impl("causal_conv1d_update", TORCH_BOX(&meta_causal_conv1d_update));

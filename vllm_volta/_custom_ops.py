@@ -284,6 +284,19 @@ def fp8_gemm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale
     torch.ops._C.fp8_gemm(out, input, weight, scales, group_k, bias, split_k)
 
 
+def gguf_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, qtype: int,
+              bias: torch.Tensor | None = None) -> None:
+    """out [M, N] float16 <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), W = the GGUF
+    blocks uint8 [N, row_bytes] of GGML type ``qtype`` (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) decoded in
+    registers (layers/quantization/gguf.py). CUDA only."""
+    torch.ops._C.gguf_gemv(out, input, weight, qtype, bias)
+
+
+def gguf_dequantize(out: torch.Tensor, weight: torch.Tensor, qtype: int) -> None:
+    """out [N, K] float16 <- W = the GGUF blocks uint8 [N, row_bytes] of GGML type ``qtype``. CUDA only."""
+    torch.ops._C.gguf_dequantize(out, weight, qtype)
+
+
 def gated_delta_rule_decode(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, state_slots: torch.Tensor,
                             scale: float, qk_l2norm: bool, A_log: torch.Tensor | None = None,

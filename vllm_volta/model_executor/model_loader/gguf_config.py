@@ -209,6 +209,8 @@ def load_gguf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
         rope_scaling=_rope_scaling(gguf, theta, head_dim),
         tie_word_embeddings="output.weight" not in gguf.tensor_shapes,
         hidden_act="silu",
+        # Linear weights stay in their GGUF blocks on CUDA (layers/quantization/gguf.py).
+        quantization_config={"quant_method": "gguf"},
     )
     for key in ("bos", "eos", "padding"):
         token_id = gguf.metadata.get(f"tokenizer.ggml.{key}_token_id")

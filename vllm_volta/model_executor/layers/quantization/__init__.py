@@ -41,6 +41,9 @@ def get_quant_config(hf_config: Any) -> AWQConfig | PackedIntConfig | Fp8Config 
         return gptq_config(qc)
     if method == "compressed-tensors":
         return compressed_tensors_config(qc)
+    if method == "gguf":  # set by model_loader/gguf_config.py for every GGUF file
+        from vllm_volta.model_executor.layers.quantization.gguf import GGUFConfig
+        return GGUFConfig()
     raise ValueError(f"quantization_config.quant_method {method!r} is not supported; "
                      f"supported: {', '.join(SUPPORTED_QUANTIZATION)}")
 
