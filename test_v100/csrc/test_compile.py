@@ -84,6 +84,12 @@ NVRTC_UNITS = {
                                                 ("kRopeCache", "false", "true"), ("kRopeCache", "true", "true"))],
     "kernels/awq.cuh": ["&vllm_volta::awq_dequantize_kernel", "&vllm_volta::awq_reduce_kernel"]
                        + [f"&vllm_volta::awq_gemv_kernel<{m}>" for m in (1, 2, 3, 4)],
+    "kernels/w4.cuh": ["&vllm_volta::w4_dequantize_kernel"]
+                      + [f"&vllm_volta::w4_gemv_kernel<{m}, {r}>" for m in range(1, 9) for r in (1, 2, 4)
+                         if m <= 4 or r <= 2],
+    "kernels/w4_gemm.cuh": [f"&vllm_volta::w4_gemm_kernel<{bm}, {bn}>"
+                            for bm, bn in ((16, 64), (16, 128), (32, 32), (32, 64), (32, 128), (64, 32), (64, 64),
+                                           (64, 128))],
     "kernels/gated_delta_rule.cuh": [f"&vllm_volta::gated_delta_rule_kernel<{t}, {st}, {vec}, {ct}, {dk}, {varlen}>"
                                      for t, st in (("__half", "float"), ("__half", "__half"), ("float", "float"),
                                                    ("__nv_bfloat16", "float"))
@@ -124,6 +130,8 @@ def test_kernel_headers_compile_for_volta_with_nvrtc(header):
         assert "trap;" in ptx, "the bf16 instances should compile to a trap below SM80"
     if header == "kernels/paged_attention_tc.cuh":  # Volta's tensor cores, FP32 accumulation
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.(col|row)\.m8n32k16\.f32\.f32", ptx)
+    if header == "kernels/w4_gemm.cuh":  # W4A16 on Volta's tensor cores, FP32 accumulation
+        assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)
     if header == "kernels/moe_gemm.cuh":  # the grouped GEMM on Volta's tensor cores
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)
 

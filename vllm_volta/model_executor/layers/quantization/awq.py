@@ -7,10 +7,12 @@ Per linear layer with input size K and output size N, group size g:
 - ``scales`` [K / g, N] (float16);
 - the weight is W[k, n] = (q[k, n] - z[k // g, n]) * s[k // g, n], and y = x W (+ bias).
 
-The layer keeps the packed tensors (a quarter of float16's bytes). On CUDA in float16 the decode
-rows (up to 4) run through ``awq_gemv`` (the 4-bit weights read once, dequantized in registers)
-and larger inputs dequantize the weight once per call (``awq_dequantize``) for a cuBLAS GEMM;
-elsewhere the same dequantization runs as PyTorch ops.
+The layer keeps the packed tensors (a quarter of float16's bytes). On CUDA in float16 they are
+repacked at the first call into the K-major layout of the W4A16 kernels (w4_linear.py: decode
+GEMV, tensor-core GEMM, dequantize + cuBLAS for long inputs), where the shape allows (K a
+multiple of 32, groups of 32 * 2**e rows); other shapes keep this layout: decode rows (up to 4)
+through ``awq_gemv`` and larger inputs through ``awq_dequantize`` + cuBLAS. Elsewhere the same
+dequantization runs as PyTorch ops.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def _cuda_kernels(device: torch.device, dtype: torch.dtype) -> bool:
 
 def kernel_path(device: torch.device, dtype: torch.dtype) -> str:
     """Which code computes x W for layers on ``device`` in ``dtype`` (for the load log)."""
+    from vllm_volta.model_executor.layers.quantization import w4_linear
+
+    if w4_linear.kernels_available(device, dtype):
+        return (f"{w4_linear.kernel_path_text()}; shapes the layout does not fit: awq_gemv up to "
+                f"{GEMV_MAX_ROWS} rows, awq_dequantize + cuBLAS above")
     if _cuda_kernels(device, dtype):
         return f"awq_gemv for steps of up to {GEMV_MAX_ROWS} rows, awq_dequantize + cuBLAS above"
     return f"PyTorch dequantization each call (the CUDA kernels run float16 on a GPU; here {device.type}, {dtype})"
@@ -157,18 +164,24 @@ class AWQLinearMethod:
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""
-        return awq_dense_weight(layer.qweight, layer.qzeros, layer.scales, self.config.group_size, dtype)
+        return awq_dense_weight(layer.qweight, layer.qzeros, layer.scales, self.config.group_size, dtype,
+                                layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W + bias [..., N]."""
-        return awq_matmul(x, layer.qweight, layer.qzeros, layer.scales, self.config.group_size, bias)
+        return awq_matmul(x, layer.qweight, layer.qzeros, layer.scales, self.config.group_size, bias, layer)
 
 
 def awq_dense_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
-                     dtype: torch.dtype) -> torch.Tensor:
-    """W [K, N] in ``dtype`` from AWQ-layout tensors: awq_dequantize on a GPU, else PyTorch ops."""
+                     dtype: torch.dtype, layer: nn.Module | None = None) -> torch.Tensor:
+    """W [K, N] in ``dtype`` from AWQ-layout tensors (or ``layer``'s repacked weight, once it has
+    one): awq_dequantize / w4_dequantize on a GPU, else PyTorch ops."""
     from vllm_volta import _custom_ops as ops
+    from vllm_volta.model_executor.layers.quantization.w4_linear import dense_weight_t
 
+    repacked = None if layer is None else layer.__dict__.get("w4_weights")
+    if repacked is not None:
+        return dense_weight_t(repacked).t().to(dtype)
     if _cuda_kernels(qweight.device, dtype):
         out = torch.empty(qweight.shape[0], scales.shape[1], dtype=dtype, device=qweight.device)
         ops.awq_dequantize(out, qweight, qzeros, scales.to(dtype))
@@ -177,10 +190,17 @@ def awq_dense_weight(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
 
 
 def awq_matmul(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-               group_size: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] -> x W + bias [..., N] with W in AWQ's layout (any format repacked to it)."""
+               group_size: int, bias: torch.Tensor | None, layer: nn.Module | None = None) -> torch.Tensor:
+    """x [..., K] -> x W + bias [..., N] with W in AWQ's layout (any format repacked to it). With
+    ``layer``, on a GPU in float16, the layer's weight moves to the W4A16 kernels' layout at the
+    first call and those kernels serve it from then on (w4_linear.py)."""
     from vllm_volta import _custom_ops as ops
+    from vllm_volta.model_executor.layers.quantization import w4_linear
 
+    if layer is not None:
+        repacked = w4_linear.layer_weights(layer, x, qweight, qzeros, scales, group_size)
+        if repacked is not None:
+            return w4_linear.w4_matmul(x, repacked, bias)
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] <= GEMV_MAX_ROWS and scales.dtype == torch.float16 and _cuda_kernels(x.device, x.dtype):
         out = torch.empty(rows.shape[0], scales.shape[1], dtype=x.dtype, device=x.device)

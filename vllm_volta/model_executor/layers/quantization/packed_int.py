@@ -258,9 +258,9 @@ class PackedIntLinearMethod:
         """W [K, N] in ``dtype``."""
         qweight, zeros, scales = self.tensors(layer)
         if self.config.layout == "awq":
-            return awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype)
+            return awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype, layer)
         if self._awq_layout(layer):  # rows sorted by group: put them back
-            sorted_w = awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype)
+            sorted_w = awq_dense_weight(qweight, zeros, scales, layer.quant_group_size, dtype, layer)
             return torch.empty_like(sorted_w).index_copy_(0, layer.quant_perm, sorted_w)
         return dequantize_rows(qweight, zeros, scales, self._row_groups(layer), self.config.bits, dtype)
 
@@ -270,7 +270,7 @@ class PackedIntLinearMethod:
             qweight, zeros, scales = self.tensors(layer)
             if self._awq_layout(layer):
                 x = x.index_select(-1, layer.quant_perm)
-            return awq_matmul(x, qweight, zeros, scales, layer.quant_group_size, bias)
+            return awq_matmul(x, qweight, zeros, scales, layer.quant_group_size, bias, layer)
         out = x.reshape(-1, x.shape[-1]) @ self.dense_weight(layer, x.dtype)
         if bias is not None:
             out += bias

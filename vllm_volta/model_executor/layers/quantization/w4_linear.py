@@ -1,0 +1,188 @@
+"""x W for 4-bit layers on a GPU: the checkpoint's tensors repacked once into the K-major layout
+(w4_layout.py), then per call a kernel chosen by the number of input rows:
+
+- ``gemv`` (1-8 rows, decode): ``w4_gemv``, one pass over the packed weight;
+- ``gemm`` (tensor cores, WMMA FP16 / FP32 accumulation, up to ``GEMM_MAX_ROWS`` by default):
+  ``w4_gemm`` with a (block_m, block_n, splits) tile;
+- ``dense`` (prefill): ``w4_dequantize`` to W^T in float16, then one cuBLAS GEMM.
+
+The choice and launch parameters come from tuned files (kernel_configs.py, op ``w4a16_linear``,
+keyed by n, k, group_size; benchmarks/kernels/benchmark_awq.py --tune writes them), else from
+``default_config``. AWQ and GPTQ layers (awq.py, packed_int.py) repack on their first call on a
+CUDA device in float16 (never inside a CUDA-graph capture: the warm-up / profiling run comes
+first) and release the checkpoint-layout tensors; the CPU path never repacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_volta.logger import info_once, init_logger
+from vllm_volta.model_executor.layers.quantization.w4_layout import repack_awq, supported
+
+logger = init_logger(__name__)
+
+OP = "w4a16_linear"
+GEMV_MAX_ROWS = 8
+GEMM_MAX_ROWS = 256
+KERNELS = ("gemv", "gemm", "dense")
+_BLOCK_M = (16, 32, 64)
+_BLOCK_N = (32, 64, 128)
+
+
+@dataclass
+class W4Weights:
+    """One layer's weight in the K-major layout: qweight int32 [N, K/8], sz float16 [N, G, 2]."""
+
+    qweight: torch.Tensor
+    sz: torch.Tensor
+    group_size: int
+
+    @property
+    def k(self) -> int:
+        return self.qweight.shape[1] * 8
+
+    @property
+    def n(self) -> int:
+        return self.qweight.shape[0]
+
+
+def kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the W4A16 CUDA kernels compute x W here: float16 on a GPU, in a CUDA build."""
+    from vllm_volta import _custom_ops as ops
+
+    return device.type == "cuda" and dtype == torch.float16 and ops.has_cuda_kernel("w4_gemv")
+
+
+@torch.no_grad()
+def layer_weights(layer: nn.Module, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
+                  scales: torch.Tensor, group_size: int) -> W4Weights | None:
+    """The layer's repacked weight (repacking it and releasing the AWQ-layout tensors on the first
+    call that can), or None: the AWQ-layout path serves this call."""
+    cached = layer.__dict__.get("w4_weights")
+    if cached is not None:
+        return cached
+    if not kernels_available(x.device, x.dtype) or scales.dtype != torch.float16 or qweight.numel() == 0:
+        return None
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    if not supported(k, n, group_size) or torch.cuda.is_current_stream_capturing():
+        return None
+    packed, sz = repack_awq(qweight, qzeros, scales)
+    weights = W4Weights(packed, sz, group_size)
+    for t in (qweight, qzeros, scales):  # the kernels read only the new layout: free the old
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    layer.__dict__["w4_weights"] = weights
+    return weights
+
+
+def default_config(rows: int, n: int, k: int, num_sms: int) -> dict[str, Any]:
+    """The launch used without a tuned file: gemv up to 8 rows, the tensor-core GEMM up to
+    GEMM_MAX_ROWS (a tile for the rows, split along K until the grid covers the SMs twice),
+    dequantize + cuBLAS above."""
+    if rows <= GEMV_MAX_ROWS:
+        # more rows per warp reuse x from registers; fewer give small layers enough warps
+        return {"kernel": "gemv", "rows_per_warp": 2 if n >= 8192 else 1}
+    if rows > GEMM_MAX_ROWS:
+        return {"kernel": "dense"}
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    block_n = 128 if rows > 64 and n >= 8192 else 64
+    blocks = -(-n // block_n) * -(-rows // block_m)
+    steps = -(-k // 64)
+    splits = max(1, min(-(-2 * num_sms // blocks), steps // 4, 16))
+    return {"kernel": "gemm", "block_m": block_m, "block_n": block_n, "splits": splits}
+
+
+def check_config(config: dict[str, Any], rows: int) -> str | None:
+    """Why ``config`` cannot serve ``rows`` input rows (None: it can)."""
+    kernel = config.get("kernel")
+    if kernel not in KERNELS:
+        return f"'kernel' must be one of {', '.join(KERNELS)}, got {kernel!r}"
+    if kernel == "gemv":
+        if rows > GEMV_MAX_ROWS:
+            return f"gemv serves 1 to {GEMV_MAX_ROWS} rows, not {rows}"
+        r = config.get("rows_per_warp")
+        if r not in (1, 2, 4) or (rows > 4 and r == 4):
+            return f"'rows_per_warp' must be 1, 2 or 4 (1 or 2 above 4 rows), got {r!r}"
+    if kernel == "gemm":
+        bm, bn, s = config.get("block_m"), config.get("block_n"), config.get("splits", 1)
+        if bm not in _BLOCK_M or bn not in _BLOCK_N or (bm, bn) == (16, 32):
+            return f"'block_m' must be one of {_BLOCK_M} and 'block_n' of {_BLOCK_N} (not 16 x 32), got {bm} x {bn}"
+        if not isinstance(s, int) or not 1 <= s <= 64:
+            return f"'splits' must be an int in 1..64, got {s!r}"
+    return None
+
+
+class _Launch:
+    """Per-device facts a launch choice needs, looked up once."""
+
+    _cache: dict[int, tuple[str, int]] = {}
+
+    @classmethod
+    def device(cls, device: torch.device) -> tuple[str, int]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in cls._cache:
+            props = torch.cuda.get_device_properties(index)
+            cls._cache[index] = (props.name, props.multi_processor_count)
+        return cls._cache[index]
+
+
+def choose_config(rows: int, w: W4Weights, device: torch.device) -> dict[str, Any]:
+    """The tuned launch for ``rows`` rows of this shape (kernel_configs.py), else the default;
+    a tuned entry that cannot serve ``rows`` (the nearest tuned size was gemv) yields the default."""
+    from vllm_volta.kernel_configs import get_kernel_config
+
+    name, sms = _Launch.device(device)
+    default = default_config(rows, w.n, w.k, sms)
+    config = get_kernel_config(OP, rows, default=default, device_name=name, n=w.n, k=w.k,
+                               group_size=w.group_size, dtype="float16")
+    return default if check_config(config, rows) is not None else config
+
+
+def w4_matmul(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None,
+              config: dict[str, Any] | None = None) -> torch.Tensor:
+    """x [..., K] float16 (CUDA) -> x W + bias [..., N] with the kernel ``config`` names (default:
+    choose_config for the row count)."""
+    from vllm_volta import _custom_ops as ops
+
+    rows = x.reshape(-1, x.shape[-1]).to(torch.float16)  # the kernels' dtype (a no-op in float16 models)
+    m = rows.shape[0]
+    if m == 0:
+        out = rows.new_empty(0, w.n)
+    else:
+        config = config or choose_config(m, w, x.device)
+        info_once(logger, "4-bit linear layers: w4_gemv up to %d rows, w4_gemm (tensor cores) above, "
+                  "w4_dequantize + cuBLAS for long inputs (tuned %s configs where present)",
+                  GEMV_MAX_ROWS, OP)
+        rows = rows.contiguous()
+        kernel = config["kernel"]
+        if kernel == "gemv":
+            out = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+            ops.w4_gemv(out, rows, w.qweight, w.sz, config["rows_per_warp"])
+        elif kernel == "gemm":
+            out = torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+            ops.w4_gemm(out, rows, w.qweight, w.sz, config["block_m"], config["block_n"], config.get("splits", 1))
+        else:
+            out = rows @ dense_weight_t(w).t()
+    out = out.to(x.dtype)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], w.n)
+
+
+def dense_weight_t(w: W4Weights) -> torch.Tensor:
+    """W^T [N, K] float16 (``w4_dequantize``)."""
+    from vllm_volta import _custom_ops as ops
+
+    out = torch.empty(w.n, w.k, dtype=torch.float16, device=w.qweight.device)
+    ops.w4_dequantize(out, w.qweight, w.sz)
+    return out
+
+
+def kernel_path_text() -> str:
+    return (f"w4_gemv up to {GEMV_MAX_ROWS} rows, w4_gemm (WMMA tensor cores) up to {GEMM_MAX_ROWS}, "
+            f"w4_dequantize + cuBLAS above, on weights repacked K-major at the first call (tuned {OP} "
+            "configs where present)")
