@@ -33,6 +33,9 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&awq_gemv));
+  m.impl("w4_dequantize", TORCH_BOX(&w4_dequantize));
+  m.impl("w4_gemv", TORCH_BOX(&w4_gemv));
+  m.impl("w4_gemm", TORCH_BOX(&w4_gemm));
   m.impl("fp8_gemv", TORCH_BOX(&fp8_gemv));
   m.impl("fp8_dequantize", TORCH_BOX(&fp8_dequantize));
   m.impl("fp8_gemm", TORCH_BOX(&fp8_gemm));

@@ -49,6 +49,10 @@ void meta_gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional
                           std::optional<Tensor> norm_weight, double epsilon);
 void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+void meta_w4_dequantize(Tensor out, Tensor qweight, Tensor sz);
+void meta_w4_gemv(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t rows_per_warp);
+void meta_w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t block_m, int64_t block_n,
+                  int64_t splits);
 void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
                    std::optional<Tensor> bias);
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
@@ -125,6 +129,10 @@ void gemv_rope_cache(Tensor out, Tensor input, Tensor weight, std::optional<Tens
 // ---- AWQ 4-bit weights, float16, Volta-safe, CUDA in every build (csrc/awq_kernels.cu) ----
 void awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scales);
 void awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales);
+// ---- W4A16 on the K-major 4-bit layout, float16, Volta-safe, CUDA in every build (csrc/w4_kernels.cu) ----
+void w4_dequantize(Tensor out, Tensor qweight, Tensor sz);
+void w4_gemv(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t rows_per_warp);
+void w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t block_m, int64_t block_n, int64_t splits);
 
 // ---- FP8 e4m3fn weights converted in registers, float16, Volta-safe, CUDA in every build (csrc/fp8_kernels.cu) ----
 void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias);

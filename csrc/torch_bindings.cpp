@@ -10,6 +10,7 @@
 // native build can benchmark/test the adapter on a GPU beside the native kernels.
 #include "attention_checks.h"
 #include "awq_checks.h"
+#include "w4_checks.h"
 #include "fp8_checks.h"
 #include "gdn_checks.h"
 #include "gemv_checks.h"
@@ -98,6 +99,14 @@ void meta_awq_dequantize(Tensor out, Tensor qweight, Tensor qzeros, Tensor scale
 }
 void meta_awq_gemv(Tensor out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) {
   check_awq_gemv_args(out, input, qweight, qzeros, scales);
+}
+void meta_w4_dequantize(Tensor out, Tensor qweight, Tensor sz) { check_w4_dequantize_args(out, qweight, sz); }
+void meta_w4_gemv(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t rows_per_warp) {
+  check_w4_gemv_args(out, input, qweight, sz, rows_per_warp);
+}
+void meta_w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t block_m, int64_t block_n,
+                  int64_t splits) {
+  check_w4_gemm_args(out, input, qweight, sz, block_m, block_n, splits);
 }
 void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
                    std::optional<Tensor> bias) {
@@ -243,6 +252,9 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // out [K, N] = the float16 weight; out [M, N] = input [M, K] @ that weight for 1 <= M <= 4.
   m.def("awq_dequantize(Tensor! out, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
   m.def("awq_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor qzeros, Tensor scales) -> ()");
+  m.def("w4_dequantize(Tensor! out, Tensor qweight, Tensor sz) -> ()");
+  m.def("w4_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor sz, int rows_per_warp) -> ()");
+  m.def("w4_gemm(Tensor! out, Tensor input, Tensor qweight, Tensor sz, int block_m, int block_n, int splits) -> ()");
   // FP8 e4m3fn weights [N, K] with float32 scales [N, G] (one per row and group_k inputs, or G = 1):
   // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8, float16; out [N, K] = W in float16.
   m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None) -> ()");
@@ -317,6 +329,9 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("gemv_rope_cache", TORCH_BOX(&meta_gemv_rope_cache));
   m.impl("awq_dequantize", TORCH_BOX(&meta_awq_dequantize));
   m.impl("awq_gemv", TORCH_BOX(&meta_awq_gemv));
+  m.impl("w4_dequantize", TORCH_BOX(&meta_w4_dequantize));
+  m.impl("w4_gemv", TORCH_BOX(&meta_w4_gemv));
+  m.impl("w4_gemm", TORCH_BOX(&meta_w4_gemm));
   m.impl("fp8_gemv", TORCH_BOX(&meta_fp8_gemv));
   m.impl("fp8_dequantize", TORCH_BOX(&meta_fp8_dequantize));
   m.impl("fp8_gemm", TORCH_BOX(&meta_fp8_gemm));

@@ -263,6 +263,27 @@ def awq_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, qzer
     torch.ops._C.awq_gemv(out, input, qweight, qzeros, scales)
 
 
+def w4_dequantize(out: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor) -> None:
+    """out [N, K] float16 <- W^T of the K-major 4-bit weight qweight int32 [N, K/8], sz float16
+    [N, G, 2] (layers/quantization/w4_layout.py). CUDA only."""
+    torch.ops._C.w4_dequantize(out, qweight, sz)
+
+
+def w4_gemv(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor,
+            rows_per_warp: int = 1) -> None:
+    """out [M, N] float16 <- input [M, K] @ the K-major 4-bit weight, 1 <= M <= 8 (decode); each
+    warp computes ``rows_per_warp`` (1, 2 or 4; 1 or 2 above 4 rows) outputs. CUDA only."""
+    torch.ops._C.w4_gemv(out, input, qweight, sz, rows_per_warp)
+
+
+def w4_gemm(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor,
+            block_m: int = 16, block_n: int = 64, splits: int = 1) -> None:
+    """out [M, N] float16 <- input [M, K] @ the K-major 4-bit weight on tensor cores (WMMA, FP32
+    accumulation), tiles of block_m (16, 32, 64) x block_n (32, 64, 128; not 16 x 32) outputs, K
+    split ``splits`` ways (FP32 partials summed by a second kernel). CUDA only."""
+    torch.ops._C.w4_gemm(out, input, qweight, sz, block_m, block_n, splits)
+
+
 def fp8_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
              bias: torch.Tensor | None = None) -> None:
     """out [M, N] float16 <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), W = weight
