@@ -35,7 +35,7 @@ def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor, start: int, end: int
 
 
 def tile_sizes(num_queries: int, num_heads: int, seq_len: int, block_size: int,
-               score_bytes: int = DEFAULT_SCORE_BYTES) -> tuple[int, int]:
+               score_bytes: int) -> tuple[int, int]:
     """(query rows per chunk, keys per tile) whose fp32 scores fit ``score_bytes``: tiles of whole
     cache blocks, as long as the budget allows with every query in one chunk (up to 4096 keys),
     the queries split only when even one block per tile would not fit."""
@@ -48,18 +48,19 @@ def tile_sizes(num_queries: int, num_heads: int, seq_len: int, block_size: int,
 def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             blocks: torch.Tensor, seq_len: int, scale: float, *, window: int | None = None,
                             soft_cap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                            score_bytes: int = DEFAULT_SCORE_BYTES) -> torch.Tensor:
+                            score_bytes: int | None = None) -> torch.Tensor:
     """Attention of one sequence's new tokens ``q`` [Lq, H, D] (positions seq_len - Lq ...
     seq_len - 1) over its context in the paged caches [num_blocks, block_size, KH, D] through
     ``blocks`` (its block-table row) -> [Lq, H, D] in q's dtype. Query j sees key i when
     i <= its position and, with ``window``, i > position - window. An FP8 cache is read as its
-    values times ``k_scale`` / ``v_scale`` (any cache is read in fp32)."""
+    values times ``k_scale`` / ``v_scale`` (any cache is read in fp32). ``score_bytes``: the
+    score-tile budget (default DEFAULT_SCORE_BYTES)."""
     num_q, heads, head_size = q.shape
     kv_heads = key_cache.shape[2]
     group = heads // kv_heads
     if num_q == 0:
         return torch.empty_like(q)
-    rows, keys = tile_sizes(num_q, heads, seq_len, key_cache.shape[1], score_bytes)
+    rows, keys = tile_sizes(num_q, heads, seq_len, key_cache.shape[1], score_bytes or DEFAULT_SCORE_BYTES)
     out = torch.empty_like(q)
     first_pos = seq_len - num_q
     # [KH, group, Lq, D]: the query heads of KV head h are h * group ... (h + 1) * group - 1.
