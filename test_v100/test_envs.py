@@ -82,7 +82,8 @@ def test_registry_is_documented_and_complete():
              "VLLM_VOLTA_KERNEL_CONFIG_DIR", "VLLM_VOLTA_CACHE_ROOT",
              "VLLM_VOLTA_CPU_KVCACHE_SPACE", "VLLM_VOLTA_ATTENTION_BACKEND", "VLLM_VOLTA_DECODE_GEMV",
              "VLLM_VOLTA_PDL", "VLLM_VOLTA_CUDA_GRAPH_CAPTURE", "VLLM_VOLTA_ENGINE_FAULT_AFTER_STEPS",
-             "VLLM_TUNED_CONFIG_FOLDER", "VLLM_VOLTA_FORCE_CPU", "VLLM_VOLTA_CUDART"}
+             "VLLM_TUNED_CONFIG_FOLDER", "VLLM_VOLTA_FORCE_CPU", "VLLM_VOLTA_CUDART",
+             "VLLM_PP_LAYER_PARTITION"}
     assert set(envs.ENV_VARS) == names
     assert all(len(v.doc) > 20 for v in envs.ENV_VARS.values())
     assert names <= set(dir(envs))

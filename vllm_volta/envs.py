@@ -200,6 +200,14 @@ ENV_VARS: dict[str, EnvVar] = {
             _parse_switch("VLLM_VOLTA_PDL", True),
         ),
         EnvVar(
+            "VLLM_PP_LAYER_PARTITION",
+            "vLLM's pipeline-parallel layer split: decoder layers per stage, a comma list of "
+            "pipeline_parallel_size positive counts that add up to the model's layers (e.g. 5,3). "
+            "Unset: vLLM's even split, the remainder to the last stages. Checked against the model "
+            "when the engine is configured (model_executor/layers/pp_partition.py).",
+            lambda value: None if value is None else value.strip(),
+        ),
+        EnvVar(
             "VLLM_VOLTA_CUDA_GRAPH_CAPTURE",
             "How decode CUDA graphs are captured: driver (default; the CUDA driver API, see "
             "vllm_volta/worker/driver_graph.py) or torch (torch.cuda.CUDAGraph, also the fallback "

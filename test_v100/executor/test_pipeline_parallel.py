@@ -12,7 +12,7 @@ from vllm_volta.executor.multiproc import MultiprocExecutor
 from vllm_volta.model_executor.layers.pp_partition import PARTITION_ENV
 from vllm_volta.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) pipeline parallelism")
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (gloo) pipeline parallelism")
 
 MAX_TOKENS = 5
 
@@ -37,9 +37,10 @@ def run_pipelined(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[lis
 
 
 def check_against_transformers(path, hf_model, prompts, **engine_kwargs) -> int:
+    if not torch.cuda.is_available():
+        engine_kwargs.setdefault("cpu_kvcache_space", 0.01)
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=24, cpu_kvcache_space=0.01,
-        **engine_kwargs))
+        model=str(path), skip_tokenizer_init=True, max_num_batched_tokens=24, **engine_kwargs))
     try:
         assert isinstance(engine.executor, MultiprocExecutor)
         outs, depth = run_pipelined(engine, prompts)
@@ -50,6 +51,7 @@ def check_against_transformers(path, hf_model, prompts, **engine_kwargs) -> int:
     return depth
 
 
+@ON_CPU
 def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
     """Llama, 3 layers as 2 + 1 (VLLM_PP_LAYER_PARTITION, which the spawned ranks inherit): four
     requests keep both micro-batches busy (prefill chunks of a 24-token budget, then decoding
@@ -61,6 +63,7 @@ def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
     assert depth == 2
 
 
+@ON_CPU
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5"])
 def test_moe_and_hybrid(tmp_path, monkeypatch, arch):
     """Qwen3-MoE (layer 1 dense) and Qwen3.5 (stage 0: the Gated DeltaNet layer and its recurrent
@@ -76,3 +79,15 @@ def test_bad_partition_is_refused_before_any_rank_starts(tmp_path, monkeypatch, 
     monkeypatch.setenv(PARTITION_ENV, partition)
     with pytest.raises(ValueError, match=PARTITION_ENV):
         EngineArgs(model=str(tmp_path), pipeline_parallel_size=2, device="cpu").create_engine_config()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "qwen3_5"])
+def test_pp2_on_gpus(tmp_path, monkeypatch, arch):
+    """The same on 2 GPUs (NCCL sends between the stages; the stages profile their memory together)."""
+    monkeypatch.delenv(PARTITION_ENV, raising=False)
+    hf_model = save_tiny_model(tmp_path, arch, seed=1, **({"num_hidden_layers": 3} if arch == "llama" else {}))
+    depth = check_against_transformers(tmp_path, hf_model, random_prompts(4, 3, 20, seed=2), pipeline_parallel_size=2,
+                                       dtype="float32", gpu_memory_utilization=0.2)
+    assert depth == 2

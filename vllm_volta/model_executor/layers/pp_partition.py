@@ -10,7 +10,7 @@ stage order ("5,3" puts layers 0-4 on stage 0 and 5-7 on stage 1).
 """
 from __future__ import annotations
 
-import os
+from vllm_volta import envs
 
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
@@ -50,7 +50,7 @@ def stage_layer_counts(num_layers: int, pp_size: int) -> list[int]:
     if num_layers < pp_size:
         raise ValueError(f"pipeline_parallel_size={pp_size} is more than the model's {num_layers} "
                          f"decoder layers; allowed range is [1, {num_layers}]")
-    text = os.environ.get(PARTITION_ENV, "").strip()
+    text = envs.get(PARTITION_ENV)
     if text and pp_size > 1:
         return parse_partition(text, num_layers, pp_size)
     return even_partition(num_layers, pp_size)
