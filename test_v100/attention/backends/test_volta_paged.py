@@ -241,6 +241,25 @@ def test_matches_torch_sdpa(case, dtype, num_heads, num_kv_heads, head_size, pre
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["prefill", "prefix-hit", "mixed"])
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(12, 4), (12, 3)])
+def test_efficient_prefill_in_kv_head_slices_matches_torch_sdpa(case, window, num_heads, num_kv_heads, monkeypatch):
+    """A long context's memory-efficient prefill repeats its KV heads a slice at a time (here
+    every context is past a 1-byte limit: one KV head per slice)."""
+    from vllm_volta.attention.backends import volta_paged
+
+    monkeypatch.setattr(volta_paged, "_PREFILL_REPEAT_BYTES", 1)
+    ours, ref = _layers(num_heads, num_kv_heads, 128, sliding_window=window)
+    ours.impl.prefill_kernel = "efficient"
+    q, k, v, cache, md = _inputs(CASES[case], num_heads, num_kv_heads, 128, torch.float16)
+    out = ours(q, k, v, cache.clone(), md)
+    expected = ref(q, k, v, cache.clone(), md)
+    torch.testing.assert_close(out, expected, **TOL[torch.float16])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("window,soft_cap", [(16, None), (7, None), (None, 3.0), (33, 2.0)])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(12, 2, 128), (8, 4, 256)])

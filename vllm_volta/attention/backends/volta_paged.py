@@ -10,9 +10,10 @@
   tokens up to itself). On SM80+ in fp16/bf16 through FlashAttention
   (``aten._flash_attention_forward``: grouped-query heads natively), else, as on SM70/75,
   through PyTorch's memory-efficient attention (``aten._efficient_attention_forward``, with the
-  kv heads repeated per query head). Sequences with a cached prefix run as one call over their
-  whole contexts, gathered from the cache; the others as another, over the step's new
-  keys/values as they are. Rows that lie back to back in the step (the usual layout: decodes
+  kv heads repeated per query head, a slice of KV heads at a time past _PREFILL_REPEAT_BYTES, so a
+  long context's copies stay bounded). Neither kernel holds [query x context] scores. Sequences
+  with a cached prefix run as one call over their whole contexts, gathered from the cache; the
+  others as another, over the step's new keys/values as they are. Rows that lie back to back in the step (the usual layout: decodes
   first, then the prefills) are used as slices, not gathered and scattered.
 - Sliding windows run in every kernel (FlashAttention's ``window_size_left``, the
   memory-efficient kernel's ``window_size``, the decode kernel's window start). Logit soft-capping
@@ -44,6 +45,10 @@ SUPPORTED_HEAD_SIZES = (64, 96, 128, 256, 512)
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 _LAUNCH_KEYS = ("partition_size", "num_threads")
 _BOTTOM_RIGHT_CAUSAL = 2  # custom_mask_type of _efficient_attention_forward
+# The memory-efficient prefill repeats each KV head per query head; past this many bytes of
+# repeated keys + values (a long context: 2 GiB for 8 of 32 heads of 128 at 128k tokens), it runs
+# in slices of KV heads, so the copies stay near this size whatever the context.
+_PREFILL_REPEAT_BYTES = 256 << 20
 
 logger = init_logger(__name__)
 
@@ -320,15 +325,34 @@ class VoltaPagedImpl(AttentionImplBase):
                 q, k, v, part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, True, False,
                 scale=self.scale, window_size_left=None if window is None else window - 1,
                 window_size_right=None if window is None else 0)[0]
-        if self.num_queries_per_kv > 1:  # the kernels below want one kv head per query head
-            k = repeat_heads(k, self.num_queries_per_kv)
-            v = repeat_heads(v, self.num_queries_per_kv)
+        group = self.num_queries_per_kv
+        if group == 1:
+            return (self._efficient_prefill(q, k, v, part) if self.logits_soft_cap is None
+                    else self._soft_capped_prefill(q, k, v, part))
         if self.logits_soft_cap is not None:
-            return self._soft_capped_prefill(q, k, v, part)
+            return self._soft_capped_prefill(q, repeat_heads(k, group), repeat_heads(v, group), part)
+        # The kernel wants one KV head per query head: repeat them, a slice of KV heads at a time
+        # where the whole context repeated would pass _PREFILL_REPEAT_BYTES.
+        per_kv_head = 2 * k.shape[0] * group * d * k.element_size()
+        step = max(1, min(kh, _PREFILL_REPEAT_BYTES // per_kv_head))
+        if step == kh:
+            return self._efficient_prefill(q, repeat_heads(k, group), repeat_heads(v, group), part)
+        out = torch.empty_like(q)
+        for h0 in range(0, kh, step):
+            h1 = min(kh, h0 + step)
+            heads = slice(h0 * group, h1 * group)
+            out[:, heads] = self._efficient_prefill(q[:, heads].contiguous(), repeat_heads(k[:, h0:h1], group),
+                                                    repeat_heads(v[:, h0:h1], group), part)
+        return out
+
+    def _efficient_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           part: _PrefillPart) -> torch.Tensor:
+        """Memory-efficient attention of q [rows, H', D] over k / v [keys, H', D] (one KV head per
+        query head), bottom-right causal per sequence, within the window."""
         out = torch.ops.aten._efficient_attention_forward(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
             part.cu_seqlens_q, part.cu_seqlens_k, part.max_q, part.max_k, 0.0, _BOTTOM_RIGHT_CAUSAL,
-            False, scale=self.scale, window_size=window)[0]
+            False, scale=self.scale, window_size=self.sliding_window)[0]
         return out.squeeze(0)
 
     def _soft_capped_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
