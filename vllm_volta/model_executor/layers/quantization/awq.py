@@ -159,8 +159,22 @@ class AWQLinearMethod:
         for name, pack in (("qweight", PACK), ("qzeros", PACK), ("scales", 1)):
             param = getattr(layer, name)
             param.output_dim, param.input_dim, param.pack = 1, 0, pack
-            param.weight_loader = (layer.weight_loader if convert is None else
-                                   _converting_loader(layer.weight_loader, convert, name, self.config.source))
+            loader = (layer.weight_loader if convert is None else
+                      _converting_loader(layer.weight_loader, convert, name, self.config.source))
+            param.weight_loader = self._repacking_loader(layer, loader, name)
+
+    def _repacking_loader(self, layer: nn.Module, loader: Callable[..., None], name: str) -> Callable[..., None]:
+        """``loader``, then the layer's repacking into the W4A16 kernels' layout once its last
+        tensor has loaded (w4_linear.py; a no-op off the GPU)."""
+        from vllm_volta.model_executor.layers.quantization import w4_linear
+
+        def repack() -> None:
+            w4_linear.repack_layer(layer, layer.qweight, layer.qzeros, layer.scales, self.config.group_size)
+
+        def load(param: nn.Parameter, loaded: torch.Tensor, *shard: Any) -> None:
+            loader(param, loaded, *shard)
+            w4_linear.note_loaded(layer, name, shard, ("qweight", "qzeros", "scales"), repack)
+        return load
 
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """W [K, N] in ``dtype``."""

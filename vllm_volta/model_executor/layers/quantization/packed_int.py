@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_volta.model_executor.layers.quantization import w4_linear
 from vllm_volta.model_executor.layers.quantization.act_order import note_loaded, sorted_group_rows, to_awq_layout
 from vllm_volta.model_executor.layers.quantization.awq import (PACK, awq_dense_weight, awq_matmul,
                                                                kernel_path, pack_awq)
@@ -206,10 +207,17 @@ class PackedIntLinearMethod:
                 copy_weight(param.data, tensor)  # a row-parallel rank keeps every group's row
             else:
                 layer.weight_loader(param, tensor, *shard)
+            roles = tuple(r for r in ROLES if (r != "zeros" or self.config.has_zeros)
+                          and (r != "g_idx" or self.config.act_order))
             if self.config.act_order and self.config.bits == 4:
-                roles = tuple(r for r in ROLES if r != "zeros" or self.config.has_zeros)
                 note_loaded(layer, role, shard, roles, self._sort_rows_into_awq)
+            if self.config.bits == 4:  # then into the W4A16 kernels' layout (w4_linear.py)
+                w4_linear.note_loaded(layer, role, shard, roles, lambda: self._repack_w4(layer))
         return load
+
+    def _repack_w4(self, layer: nn.Module) -> None:
+        if self.config.layout == "awq" or self._awq_layout(layer):
+            w4_linear.repack_layer(layer, *self.tensors(layer), layer.quant_group_size)
 
     def _sort_rows_into_awq(self, layer: nn.Module) -> None:
         """A loaded 4-bit act-order layer: into AWQ's layout, rows sorted by group, when its

@@ -8,13 +8,16 @@
 
 The choice and launch parameters come from tuned files (kernel_configs.py, op ``w4a16_linear``,
 keyed by n, k, group_size; benchmarks/kernels/benchmark_awq.py --tune writes them), else from
-``default_config``. AWQ and GPTQ layers (awq.py, packed_int.py) repack on their first call on a
-CUDA device in float16 (never inside a CUDA-graph capture: the warm-up / profiling run comes
-first) and release the checkpoint-layout tensors; the CPU path never repacks.
+``default_config``. AWQ and GPTQ layers (awq.py, packed_int.py) on a CUDA device in float16
+repack once their last checkpoint tensor has loaded (``note_loaded``), or at their first call
+when no loader ran (dummy weights), and release the checkpoint-layout tensors. A layer first
+called inside a CUDA-graph capture keeps the AWQ layout for good (the graph holds its tensors).
+The CPU path never repacks; a repacked layer's weights cannot be loaded again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,24 +62,50 @@ def kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 @torch.no_grad()
-def layer_weights(layer: nn.Module, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
-                  scales: torch.Tensor, group_size: int) -> W4Weights | None:
-    """The layer's repacked weight (repacking it and releasing the AWQ-layout tensors on the first
-    call that can), or None: the AWQ-layout path serves this call."""
+def repack_layer(layer: nn.Module, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                 group_size: int) -> W4Weights | None:
+    """Repack ``layer``'s AWQ-layout tensors into the kernels' layout and release them, where the
+    kernels serve it (a GPU, float16, a supported shape, no capture or AWQ-layout graph so far)."""
     cached = layer.__dict__.get("w4_weights")
-    if cached is not None:
+    if cached is not None or layer.__dict__.get("w4_keep_awq"):
         return cached
-    if not kernels_available(x.device, x.dtype) or scales.dtype != torch.float16 or qweight.numel() == 0:
+    if not kernels_available(qweight.device, scales.dtype) or qweight.numel() == 0:
         return None
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    if not supported(k, n, group_size) or torch.cuda.is_current_stream_capturing():
+    if not supported(k, n, group_size):
         return None
-    packed, sz = repack_awq(qweight, qzeros, scales)
+    if torch.cuda.is_current_stream_capturing():  # the graph will read the AWQ tensors: keep them
+        layer.__dict__["w4_keep_awq"] = True
+        return None
+    packed, sz = repack_awq(qweight, qzeros, scales, max_cols=1024)
     weights = W4Weights(packed, sz, group_size)
     for t in (qweight, qzeros, scales):  # the kernels read only the new layout: free the old
         t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     layer.__dict__["w4_weights"] = weights
     return weights
+
+
+def layer_weights(layer: nn.Module, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
+                  scales: torch.Tensor, group_size: int) -> W4Weights | None:
+    """The weight the W4A16 kernels serve this call with (repacking now if loading did not), or
+    None: the AWQ-layout path serves it."""
+    cached = layer.__dict__.get("w4_weights")
+    if cached is not None or x.dtype != torch.float16:
+        return cached
+    return repack_layer(layer, qweight, qzeros, scales, group_size)
+
+
+def note_loaded(layer: nn.Module, role: str, shard: tuple[Any, ...], roles: tuple[str, ...],
+                repack: Callable[[], Any]) -> None:
+    """Record that checkpoint tensor ``role`` of ``shard`` (() = every shard) loaded; once all
+    ``roles`` of every shard have, call ``repack()``."""
+    from vllm_volta.model_executor.layers.quantization.act_order import layer_shard_ids
+
+    done: set[tuple[str, Any]] = layer.__dict__.setdefault("w4_loaded", set())
+    ids = layer_shard_ids(layer)
+    done.update((role, s) for s in (shard or ids))
+    if all((r, s) in done for r in roles for s in ids):
+        repack()
 
 
 def default_config(rows: int, n: int, k: int, num_sms: int) -> dict[str, Any]:
