@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from vllm_volta.logger import info_once, init_logger
-from vllm_volta.model_executor.layers import fused_moe
+from vllm_volta.model_executor.layers import fused_moe, fused_moe_quant
 from vllm_volta.model_executor.layers.activation import get_act_and_mul_fn
 from vllm_volta.model_executor.layers.expert_parallel import moe_placement
 from vllm_volta.model_executor.layers.linear import ReplicatedLinear, copy_weight, take_shard
@@ -35,7 +35,8 @@ from vllm_volta.model_executor.layers.parallel_state import (
     divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce)
 from vllm_volta.model_executor.layers.moe_routing import select_experts
-from vllm_volta.model_executor.layers.quantization import current_quant_config
+from vllm_volta.model_executor.layers.quantization import current_quant_config, quantization
+from vllm_volta.model_executor.layers.quantization.moe_quant import make_moe_quant_method
 
 logger = init_logger(__name__)
 
@@ -46,8 +47,7 @@ class MoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool, hidden_act: str = "silu") -> None:
         super().__init__()
-        if current_quant_config() is not None:
-            raise ValueError("quantization_config: quantized mixture-of-experts models are not supported")
+        self.quant_method = make_moe_quant_method(current_quant_config())  # None: dense experts
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
@@ -62,19 +62,44 @@ class MoE(nn.Module):
             self.intermediate = intermediate_size
             self.register_buffer("expert_map", self.placement.expert_map(), persistent=False)
             local_experts = self.placement.num_local
-        self.gate = ReplicatedLinear(hidden_size, num_experts)
+        self.num_local_experts = local_experts
+        with quantization(None):  # routers stay dense in quantized checkpoints
+            self.gate = ReplicatedLinear(hidden_size, num_experts)
         dtype = torch.get_default_dtype()
-        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
-                                requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, self.intermediate, dtype=dtype),
-                               requires_grad=False)
+        self.act_dtype = dtype  # the model's activations (quantized experts' GPU path needs float16)
+        if self.quant_method is not None:
+            self.quant_method.create_weights(self, local_experts, hidden_size, self.intermediate)
+            info_once(logger, "MoE experts: %s", self.quant_method.describe())
+        else:
+            self._dense_experts(local_experts, hidden_size, dtype)
         self.hidden_act = hidden_act
         self.act_fn = get_act_and_mul_fn(hidden_act)
         self._kernel_device: str | None = None  # the device name tuned configs are looked up for
         self._device_path: tuple = (None, None)  # (weights' device and dtype, device_path_reason)
 
-    def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
-        """One expert's checkpoint weight: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I]).
+    def _dense_experts(self, local_experts: int, hidden_size: int, dtype: torch.dtype) -> None:
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, self.intermediate, dtype=dtype),
+                               requires_grad=False)
+
+    def expert_param_names(self) -> tuple[str, ...]:
+        """This layer's stacked expert parameters (checkpoint experts load into them)."""
+        return ("w13", "w2") if self.quant_method is None else self.quant_method.param_names()
+
+    def expert_tensors_per_part(self) -> int:
+        """How many checkpoint tensors each expert projection must supply."""
+        return 1 if self.quant_method is None else len(self.quant_method.required)
+
+    def is_required_expert_tensor(self, suffix: str) -> bool:
+        """Whether a checkpoint expert tensor of this suffix is one every projection must supply."""
+        if self.quant_method is None:
+            return suffix == "weight"
+        return self.quant_method.role(suffix) in self.quant_method.required
+
+    def load_expert(self, expert: int, part: str, loaded: torch.Tensor, suffix: str = "weight") -> None:
+        """One expert's checkpoint tensor: ``part`` "gate" / "up" ([I, H]) or "down" ([H, I]);
+        ``suffix`` names quantized tensors (qweight, scales, ...: the quant method's).
         With expert parallelism another rank's expert is skipped (never copied here)."""
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert index {expert} is outside [0, {self.num_experts})")
@@ -86,6 +111,11 @@ class MoE(nn.Module):
             if local is None:
                 return
             expert, rank, shards = local, 0, 1
+        if self.quant_method is not None:
+            self.quant_method.load(self, expert, part, suffix, loaded, rank, shards)
+            return
+        if suffix != "weight":
+            raise ValueError(f"expert tensor {suffix!r} in a checkpoint without a quantization_config")
         if part == "down":
             copy_weight(self.w2.data[expert], take_shard(loaded, 1, rank, n, n * shards))
             return
@@ -100,6 +130,8 @@ class MoE(nn.Module):
     def device_path_reason(self) -> str | None:
         """Why the experts cannot run on the device path (fused_moe.py), or None if they can
         (decided once per weight device and dtype: forward asks every call)."""
+        if self.quant_method is not None:
+            return fused_moe_quant.unsupported_reason(self)
         key = (self.w13.device, self.w13.dtype, self.w13.is_contiguous(), self.w2.is_contiguous())
         if self._device_path[0] != key:
             self._device_path = (key, fused_moe.unsupported_reason(self.w13, self.w2, self.top_k,
@@ -130,7 +162,9 @@ class MoE(nn.Module):
         every chosen expert (TP), or its own chosen experts in whole (EP). Subclasses add their
         TP-sharded extras here, so one all-reduce sums everything."""
         ids, weights = self.route(x)
-        if x.is_cuda and self.device_path_reason() is None:
+        if self.quant_method is not None and x.is_cuda and self.device_path_reason() is None:
+            return fused_moe_quant.quantized_experts(self, x, ids, weights)
+        if self.quant_method is None and x.is_cuda and self.device_path_reason() is None:
             tokens = max(x.shape[0], 1)
             config = self._kernel_config(tokens, x.dtype)
             if torch.cuda.is_current_stream_capturing():  # no host path inside a graph
@@ -159,7 +193,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         flat = ids.flatten().long() + 1  # bucket 0: the pairs of other ranks' experts
         order = flat.argsort()
-        counts = torch.bincount(flat, minlength=self.w13.shape[0] + 1).tolist()  # the one host sync
+        counts = torch.bincount(flat, minlength=self.num_local_experts + 1).tolist()  # the one host sync
         tokens = order // self.top_k
         pair_weights = weights.flatten()[order]  # in expert order, as tokens
         start = counts[0]
@@ -168,10 +202,17 @@ class MoE(nn.Module):
                 continue
             rows = tokens[start:start + count]
             w = pair_weights[start:start + count]
-            h = self.act_fn(x[rows] @ self.w13[expert].t()) @ self.w2[expert].t()
+            w13, w2 = self.expert_weights(expert, x.dtype)
+            h = self.act_fn(x[rows] @ w13.t()) @ w2.t()
             out.index_add_(0, rows, h * w[:, None])
             start += count
         return out
+
+    def expert_weights(self, expert: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [2I, H], w2 [H, I]) of local ``expert``; quantized experts dequantized to ``dtype``."""
+        if self.quant_method is None:
+            return self.w13[expert], self.w2[expert]
+        return self.quant_method.expert_weights(self, expert, dtype)
 
 
 def supports_cuda_graphs(model: nn.Module) -> bool:

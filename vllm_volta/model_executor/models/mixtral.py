@@ -21,7 +21,8 @@ from vllm_volta.model_executor.models.llama import LlamaAttention, LlamaForCausa
 from vllm_volta.model_executor.models.utils import load_hf_weights
 
 # Checkpoint names of one expert's weight: (the MoE module, expert, part).
-_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+# The suffix is "weight", or a quantized tensor's name (qweight, scales, weight_scale_inv, ...).
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(\w+)$")
 _PARTS = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 
 
@@ -82,11 +83,11 @@ class MixtralForCausalLM(LlamaForCausalLM):
                 moe = moes.get(prefix)
                 if moe is None:
                     moe = moes[prefix] = self.get_submodule(prefix)
-                moe.load_expert(expert, part, tensor)
-                seen[prefix] = seen.get(prefix, 0) + 1
+                moe.load_expert(expert, part, tensor, match.group(4))
+                seen[prefix] = seen.get(prefix, 0) + moe.is_required_expert_tensor(match.group(4))
 
         loaded = load_hf_weights(self, others(), tie_word_embeddings=self.tie_word_embeddings)
         for prefix, moe in moes.items():
-            if seen[prefix] == 3 * moe.num_experts:
-                loaded |= {f"{prefix}.w13", f"{prefix}.w2"}
+            if seen[prefix] == 3 * moe.num_experts * moe.expert_tensors_per_part():
+                loaded |= {f"{prefix}.{name}" for name in moe.expert_param_names()}
         return loaded
