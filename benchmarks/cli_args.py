@@ -24,6 +24,8 @@ _ENGINE_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--cudagraph-mode", "cudagraph_mode", {"default": None, "choices": CUDAGRAPH_MODES}),
     ("--cudagraph-metrics", "cudagraph_metrics", {"action": "store_true"}),
     ("--cuda-graph-sizes", "cuda_graph_sizes", {"type": int, "nargs": "+", "default": None}),
+    # Decode steps with a longer context run without the full decode graph (32k / 128k benchmarks).
+    ("--max-seq-len-to-capture", "max_seq_len_to_capture", {"type": int, "default": None}),
     ("--tokenizer", "tokenizer", {"default": None}),
 ]
 
