@@ -66,10 +66,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-heads", type=int, default=32)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-size", type=int, default=128)
-    p.add_argument("--dtypes", nargs="+", default=["half"])
+    p.add_argument("--dtypes", "--dtype", nargs="+", default=["half"], dest="dtypes")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None)
-    p.add_argument("--context-lens", type=int, nargs="+", default=None)
+    p.add_argument("--context-lens", "--context-len", type=int, nargs="+", default=None, dest="context_lens",
+                   help="contexts to tune at; the grid spans each (the engine keys its lookups on the span: "
+                        "max_seq_len, a CUDA graph's bound in graph mode)")
     p.add_argument("--max-cache-gib", type=float, default=16.0,
                    help="skip (batch, context) points whose K + V cache is larger")
     p.add_argument("--working-set-mib", type=int, default=512,
