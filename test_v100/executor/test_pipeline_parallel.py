@@ -2,6 +2,8 @@
 a MoE and a hybrid model, with micro-batches in flight and an uneven VLLM_PP_LAYER_PARTITION."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -36,7 +38,19 @@ def run_pipelined(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list[lis
     return [final[str(i)] for i in range(len(prompts))], max(depths)
 
 
-def check_against_transformers(path, hf_model, prompts, **engine_kwargs) -> int:
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in engine.step(finished_only=True)})
+    return [final[str(i)] for i in range(len(prompts))]
+
+
+def check_against_transformers(path, hf_model, prompts, then: Callable[[LLMEngine], None] | None = None,
+                               **engine_kwargs) -> int:
+    """Greedy tokens of the pipelined engine equal transformers'; ``then(engine)`` runs before
+    it shuts down. Returns the most micro-batches that were in flight at once."""
     if not torch.cuda.is_available():
         engine_kwargs.setdefault("cpu_kvcache_space", 0.01)
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -44,6 +58,8 @@ def check_against_transformers(path, hf_model, prompts, **engine_kwargs) -> int:
     try:
         assert isinstance(engine.executor, MultiprocExecutor)
         outs, depth = run_pipelined(engine, prompts)
+        if then is not None:
+            then(engine)
     finally:
         engine.shutdown()
     for prompt, out in zip(prompts, outs):
@@ -58,9 +74,36 @@ def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
     split in halves), and every request's tokens match transformers'."""
     hf_model = save_tiny_model(tmp_path, "llama", num_hidden_layers=3)
     monkeypatch.setenv(PARTITION_ENV, "2,1")
-    depth = check_against_transformers(tmp_path, hf_model, random_prompts(4, 3, 20, seed=2),
+    prompts = random_prompts(4, 3, 20, seed=2)
+    detailed = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=4, ignore_eos=True, logprobs=2,
+                              prompt_logprobs=1)
+    pipelined = {}
+
+    def abort_in_flight_then_sample(engine: LLMEngine) -> None:
+        # A request aborted while its step is in flight: its token is dropped, the others go on.
+        engine.add_request("gone", prompts[0], SamplingParams(temperature=0, max_tokens=8))
+        engine.step()
+        assert any(s.req_id == "gone" for out, _ in engine._pipeline for s in out.scheduled)
+        engine.abort_request("gone")
+        pipelined["detailed"] = run(engine, prompts[1:3], detailed)
+
+    depth = check_against_transformers(tmp_path, hf_model, prompts, abort_in_flight_then_sample,
                                        pipeline_parallel_size=2)
     assert depth == 2
+    # Seeded sampling, n > 1, logprobs and prompt logprobs from the last stage equal one process's.
+    single = LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), skip_tokenizer_init=True,
+                                                   max_num_batched_tokens=24, cpu_kvcache_space=0.01))
+    try:
+        expected = run(single, prompts[1:3], detailed)
+    finally:
+        single.shutdown()
+    for a, b in zip(pipelined["detailed"], expected):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        for ca, cb in zip(a.outputs, b.outputs):
+            for x, y in zip(ca.logprobs, cb.logprobs):
+                assert x.keys() == y.keys()
+                assert all(x[k].logprob == pytest.approx(y[k].logprob, abs=1e-4) for k in x)
+        assert [p and set(p) for p in a.prompt_logprobs] == [p and set(p) for p in b.prompt_logprobs]
 
 
 @ON_CPU
