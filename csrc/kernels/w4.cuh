@@ -10,7 +10,8 @@
 //  w4_dequantize_kernel: W^T [N, K] half (for the cuBLAS path of long inputs).
 //  w4_gemv_kernel<M, R>: out [M, N] = x [M, K] W for 1..8 rows, one pass: warp w of a block owns R
 //    consecutive output rows, its lanes stride along K (a warp reads 512 contiguous bytes of a
-//    row per load) with the next chunks' loads in flight during this chunk's math; products
+//    row per load) with the next chunks' loads in flight during these chunks' math (issued
+//    before pdl_wait: the weights do not depend on the kernel before); products
 //    accumulate in half2 over one 32-value chunk (16 per half), then in FP32; a warp-shuffle sum.
 #pragma once
 
@@ -21,7 +22,9 @@ namespace vllm_volta {
 
 constexpr int kW4MaxGemvRows = 8;
 constexpr int kW4GemvWarps = 4;
-constexpr int kW4GemvUnroll = 2;  // chunks per lane per iteration (and prefetched ahead)
+// 16-byte weight loads a lane has in flight: R rows x (4 / R) chunks per iteration, the next
+// iteration's issued before this one's math (a 4096-long row is one iteration at R = 1).
+constexpr int kW4GemvLoads = 4;
 
 __device__ __forceinline__ __half2 w4_bits_as_half2(unsigned v) {
   __half2 h;
@@ -78,7 +81,7 @@ template <int M, int R>
 __global__ void __launch_bounds__(32 * kW4GemvWarps)
     w4_gemv_kernel(__half* __restrict__ out, const __half* __restrict__ x, const uint4* __restrict__ qweight,
                    const __half2* __restrict__ sz, int n, int k, int groups, int group_shift) {
-  constexpr int U = kW4GemvUnroll;
+  constexpr int U = kW4GemvLoads / R;  // chunks per lane per iteration
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kW4GemvWarps + threadIdx.x / 32) * R;

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +105,28 @@ def test_tuned_file_is_used_and_unusable_entries_fall_back(tmp_path, monkeypatch
         assert w4_linear.choose_config(5, w, device) == {"kernel": "gemv", "rows_per_warp": 2}
     finally:
         clear_kernel_config_cache()
+
+
+def _dequant8_like_the_kernel(words: np.ndarray, s: np.float16, z: np.float16) -> np.ndarray:
+    """kernels/w4.cuh's w4_dequant8 in NumPy float16: the 0x6400 magic-number halves of the masked
+    nibbles, minus (1024 + z) or times 1/16 minus (64 + z), times s; 8 weights per int32 in k order."""
+    def halves(bits: np.ndarray) -> np.ndarray:  # uint32 -> (low, high) float16
+        return bits.astype(np.uint32).view(np.float16).reshape(-1, 2)
+
+    w = words.astype(np.uint32)
+    magic, lo, hi = np.uint32(0x64006400), np.uint32(0x000F000F), np.uint32(0x00F000F0)
+    nz1024, nz64, sixteenth = -(np.float16(1024) + z), -(np.float16(64) + z), np.float16(0.0625)
+    pairs = [halves((w & lo) | magic) + nz1024, halves((w & hi) | magic) * sixteenth + nz64,
+             halves(((w >> 8) & lo) | magic) + nz1024, halves(((w >> 8) & hi) | magic) * sixteenth + nz64]
+    return (np.stack(pairs, 1) * s).reshape(-1, 8)  # [word, (pair, half)] = k order
+
+
+def test_the_kernels_integer_dequantization_is_exact_on_this_layout():
+    q = torch.randint(0, 16, (256, 4), generator=torch.Generator().manual_seed(1))
+    packed = pack_kmajor(q).numpy()
+    for n in range(4):
+        for z in (0, 7, 15):
+            s = np.float16(0.0123)
+            got = _dequant8_like_the_kernel(packed[n], s, np.float16(z)).reshape(-1)
+            want = ((q[:, n] - z).double() * float(s)).half().numpy()  # one float16 rounding
+            assert np.array_equal(got, want)
