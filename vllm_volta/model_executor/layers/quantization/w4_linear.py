@@ -18,7 +18,7 @@ The CPU path never repacks; a repacked layer's weights cannot be loaded again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ class W4Weights:
     qweight: torch.Tensor
     sz: torch.Tensor
     group_size: int
+    # rows -> the launch chosen for them (a lookup per call costs microseconds on eager steps)
+    configs: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def k(self) -> int:
@@ -182,7 +184,8 @@ def w4_matmul(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None,
     if m == 0:
         out = rows.new_empty(0, w.n)
     else:
-        config = config or choose_config(m, w, x.device)
+        if config is None:
+            config = w.configs.get(m) or w.configs.setdefault(m, choose_config(m, w, x.device))
         info_once(logger, "4-bit linear layers: w4_gemv up to %d rows, w4_gemm (tensor cores) above, "
                   "w4_dequantize + cuBLAS for long inputs (tuned %s configs where present)",
                   GEMV_MAX_ROWS, OP)
