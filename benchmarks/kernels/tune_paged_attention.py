@@ -159,9 +159,12 @@ def tune_layout(args: argparse.Namespace, layout: Layout, dtype_name: str, devic
         if size > args.max_cache_gib * 2**30:
             results.append({"batch_size": batch, "context_len": context, "skipped": "cache above --max-cache-gib"})
             continue
+        num_sets = num_arg_sets(size, args.working_set_mib << 20, max_sets=64)
         shape = _point_args(args, layout, dtype_name, context)
-        sets = [make_decode_inputs(shape, batch, device)
-                for _ in range(num_arg_sets(size, args.working_set_mib << 20, max_sets=16))]
+        # A graph of `iters` calls touches `iters` sets: at least one call per set, so a short
+        # context is read from DRAM too.
+        shape.iters = max(args.iters, num_sets)
+        sets = [make_decode_inputs(shape, batch, device) for _ in range(num_sets)]
         default = default_launch_config(batch, layout.num_heads, layout.num_kv_heads, num_sms, context)
         timings = [(timer(sets, shape, launch, device), launch) for launch in candidates(args, default)]
         seconds, launch = min(timings, key=lambda t: t[0])

@@ -16,12 +16,16 @@ from vllm_volta import kernel_configs as kc
 DEVICE = "Test GPU"
 
 
+iters_seen: list[tuple[int, int]] = []
+
+
 def _fake_timer(calls):
     """Seconds that make the best partition ~ context / 8 per batch-size doubling (a known argmin),
     192 threads a little faster than 128 at 1024-token partitions only."""
     def timer(sets, shape, launch, device):
         batch = sets[0]["query"].shape[0]
         calls.append((batch, shape.max_seq_len, launch["partition_size"], launch["num_threads"], len(sets)))
+        iters_seen.append((shape.iters, len(sets)))
         want = max(32, min(1024, shape.max_seq_len // 8 * batch))
         bonus = 0.01 if (launch["partition_size"] == 1024 and launch["num_threads"] == 192) else 0.0
         return 1.0 + abs(math.log2(launch["partition_size"] / want)) - bonus + launch["num_threads"] * 1e-6
@@ -64,6 +68,7 @@ def test_full_sweep_writes_the_fastest_launch_per_batch_and_context(tmp_path):
     # rotated to reach the working set.
     assert {(b, c) for b, c, *_ in calls} == {(1, 64), (1, 256), (2, 64), (2, 256)}
     assert all(n_sets > 1 for *_, n_sets in calls)
+    assert all(shape_iters >= n_sets for shape_iters, n_sets in iters_seen)
     assert out["tables"][0]["config_file"] == str(_file(tmp_path, 64, 2))
 
 
