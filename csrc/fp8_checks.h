@@ -39,39 +39,43 @@ inline Fp8WeightArgs check_fp8_weight(const char* op, const Tensor& weight, cons
   return {n, k, groups, group_k};
 }
 
-// out float16 [N, K] contiguous.
+inline bool is_fp8_activation_type(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
+
+// out float16 / bfloat16 [N, K] contiguous.
 inline Fp8WeightArgs check_fp8_dequantize_args(const Tensor& out, const Tensor& weight, const Tensor& scales,
                                                int64_t group_k) {
   const char* op = "fp8_dequantize";
   const Fp8WeightArgs a = check_fp8_weight(op, weight, scales, group_k);
-  VLLM_VOLTA_CHECK(out.scalar_type() == ScalarType::Half && out.dim() == 2 && out.size(0) == a.n &&
-                      out.size(1) == a.k, op, ": 'out' must be a float16 tensor [", a.n, ", ", a.k, "]");
+  VLLM_VOLTA_CHECK(is_fp8_activation_type(out.scalar_type()) && out.dim() == 2 && out.size(0) == a.n &&
+                      out.size(1) == a.k, op, ": 'out' must be a float16 or bfloat16 tensor [", a.n, ", ", a.k, "]");
   check_contiguous(op, "out", out);
   check_same_device(op, "out", out, weight, "weight");
   return a;
 }
 
-// input float16 [M, K] (fp8_gemv: 1 <= M <= 8; fp8_gemm: 1 <= M < 2^31; contiguous rows, row
-// stride a multiple of 8), out float16 [M, N] (contiguous rows), bias float16 [N] (contiguous) or
-// none; fp8_gemm's split_k: 0 (automatic) or 1 to ceil(K / 128).
+// input float16 or bfloat16 [M, K] (fp8_gemv: 1 <= M <= 8; fp8_gemm: 1 <= M < 2^31; contiguous
+// rows, row stride a multiple of 8), out [M, N] (contiguous rows) and bias [N] (contiguous, or
+// none) of input's dtype; fp8_gemm's split_k: 0 (automatic) or 1 to ceil(K / 128).
 inline Fp8WeightArgs check_fp8_linear_args(const char* op, const Tensor& out, const Tensor& input,
                                            const Tensor& weight, const Tensor& scales, int64_t group_k,
                                            const std::optional<Tensor>& bias, int64_t max_rows) {
   const Fp8WeightArgs a = check_fp8_weight(op, weight, scales, group_k);
-  VLLM_VOLTA_CHECK(input.scalar_type() == ScalarType::Half && input.dim() == 2 && input.size(1) == a.k, op,
-                  ": 'input' must be a float16 tensor [M, ", a.k, "]");
+  VLLM_VOLTA_CHECK(is_fp8_activation_type(input.scalar_type()) && input.dim() == 2 && input.size(1) == a.k, op,
+                  ": 'input' must be a float16 or bfloat16 tensor [M, ", a.k, "]");
   const int64_t m = input.size(0);
   VLLM_VOLTA_CHECK(m >= 1 && m <= max_rows, op, ": 'input' must have 1 to ", max_rows, " rows, got ", m);
   VLLM_VOLTA_CHECK(input.stride(1) == 1 && (m == 1 || input.stride(0) % 8 == 0), op,
                   ": 'input' rows must be contiguous, with a row stride that is a multiple of 8");
   check_same_device(op, "input", input, weight, "weight");
-  VLLM_VOLTA_CHECK(out.scalar_type() == ScalarType::Half && out.dim() == 2 && out.size(0) == m &&
-                      out.size(1) == a.n, op, ": 'out' must be a float16 tensor [", m, ", ", a.n, "]");
+  check_same_dtype(op, "out", out, input, "input");
+  VLLM_VOLTA_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == a.n, op, ": 'out' must be [", m, ", ", a.n,
+                  "]");
   VLLM_VOLTA_CHECK(out.stride(1) == 1, op, ": 'out' rows must be contiguous");
   check_same_device(op, "out", out, weight, "weight");
   if (bias.has_value()) {
-    VLLM_VOLTA_CHECK(bias->scalar_type() == ScalarType::Half && bias->dim() == 1 && bias->size(0) == a.n &&
-                        bias->is_contiguous(), op, ": 'bias' must be a contiguous float16 tensor [", a.n, "]");
+    check_same_dtype(op, "bias", *bias, input, "input");
+    VLLM_VOLTA_CHECK(bias->dim() == 1 && bias->size(0) == a.n && bias->is_contiguous(), op,
+                    ": 'bias' must be a contiguous 1-D tensor [", a.n, "]");
     check_same_device(op, "bias", *bias, weight, "weight");
   }
   return a;

@@ -11,6 +11,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace vllm_volta {
@@ -24,6 +25,15 @@ namespace {
 int fp8_gemv_threads(int64_t k) {
   const int64_t vectors = k / kFp8VecWeights;
   return vectors >= kFp8GemvThreads ? kFp8GemvThreads : round_up(static_cast<int>(vectors), 32);
+}
+
+// Calls f(TypeTag<T>{}) for t's dtype, float16 or bfloat16 (checked before); bfloat16 only where
+// dispatch_float_type allows it (an SM80+ build and GPU).
+template <typename F>
+void dispatch_fp8_activation(const char* op, const Tensor& t, F&& f) {
+  dispatch_float_type(op, t, [&](auto tag) {
+    if constexpr (!std::is_same_v<typename decltype(tag)::type, float>) f(tag);
+  });
 }
 
 // Calls f(IntTag<M>{}) for 1 <= M <= kFp8GemvMaxRows (checked before).
@@ -55,18 +65,22 @@ void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t gr
   const int64_t m = input.size(0);
   const int threads = fp8_gemv_threads(a.k);
   const bool pdl = programmatic_launch_for(device, m);
-  dispatch_fp8_rows(m, [&](auto m_tag) {
-    constexpr int M = decltype(m_tag)::value;
-    // Rows per block: 8 loads in flight per thread for 1-2 input rows; 4 from 3 rows, whose
-    // converted weights stay in registers while the input rows stream past them.
-    constexpr int R = M <= 2 ? 8 : 4;
-    launch_kernel(fp8_gemv_kernel<M, R>, dim3(static_cast<unsigned>(ceil_div(a.n, R))), dim3(threads), 0, stream,
-                  pdl, static_cast<__half*>(out.data_ptr()), m > 1 ? out.stride(0) : a.n,
-                  static_cast<const __half*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
-                  static_cast<const unsigned char*>(weight.data_ptr()), static_cast<const float*>(scales.data_ptr()),
-                  static_cast<int>(a.groups), static_cast<int>(a.group_k / kFp8VecWeights),
-                  bias.has_value() ? static_cast<const __half*>(bias->data_ptr()) : nullptr, static_cast<int>(a.n),
-                  static_cast<int>(a.k));
+  dispatch_fp8_activation(op, input, [&](auto t_tag) {
+    using T = typename decltype(t_tag)::type;
+    dispatch_fp8_rows(m, [&](auto m_tag) {
+      constexpr int M = decltype(m_tag)::value;
+      // Rows per block: 8 loads in flight per thread for 1-2 input rows; 4 from 3 rows, whose
+      // converted weights stay in registers while the input rows stream past them.
+      constexpr int R = M <= 2 ? 8 : 4;
+      launch_kernel(fp8_gemv_kernel<T, M, R>, dim3(static_cast<unsigned>(ceil_div(a.n, R))), dim3(threads), 0,
+                    stream, pdl, static_cast<T*>(out.data_ptr()), m > 1 ? out.stride(0) : a.n,
+                    static_cast<const T*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
+                    static_cast<const unsigned char*>(weight.data_ptr()),
+                    static_cast<const float*>(scales.data_ptr()), static_cast<int>(a.groups),
+                    static_cast<int>(a.group_k / kFp8VecWeights),
+                    bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr, static_cast<int>(a.n),
+                    static_cast<int>(a.k));
+    });
   });
   check_launch(op);
 }
@@ -103,30 +117,34 @@ void fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t gr
   VLLM_VOLTA_CHECK(m_tiles <= 65535, op, ": 'input' has too many rows (", m, ") for one launch");
   std::optional<Tensor> partial;
   if (splits > 1) partial = torch::stable::new_empty(input, std::vector<int64_t>{splits * m * a.n}, ScalarType::Float);
-  auto* o = static_cast<__half*>(out.data_ptr());
   const int64_t out_stride = m > 1 ? out.stride(0) : a.n;
-  const __half* b = bias.has_value() ? static_cast<const __half*>(bias->data_ptr()) : nullptr;
   const bool pdl = programmatic_launch_for(device, m);
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), static_cast<unsigned>(splits));
-  auto launch = [&](auto kernel) {
-    launch_kernel(kernel, grid, dim3(kFp8GemmThreads), 0, stream, pdl, o, out_stride,
-                  partial.has_value() ? static_cast<float*>(partial->data_ptr()) : nullptr,
-                  static_cast<const __half*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
-                  static_cast<const unsigned char*>(weight.data_ptr()), static_cast<const float*>(scales.data_ptr()),
-                  static_cast<int>(a.groups), static_cast<int>(a.group_k / kFp8VecWeights), b, static_cast<int>(m),
-                  static_cast<int>(a.n), static_cast<int>(a.k), static_cast<int>(k_split));
-  };
-  switch (fm) {
-    case 1: launch(fp8_gemm_kernel<1>); break;
-    case 2: launch(fp8_gemm_kernel<2>); break;
-    default: launch(fp8_gemm_kernel<4>); break;
-  }
-  if (partial.has_value()) {
-    const int64_t outputs = m * a.n;
-    launch_kernel(fp8_gemm_reduce_kernel, dim3(static_cast<unsigned>(ceil_div(outputs, 256))), dim3(256), 0, stream,
-                  pdl, o, out_stride, static_cast<const float*>(partial->data_ptr()), b, static_cast<int>(m),
-                  static_cast<int>(a.n), static_cast<int>(splits));
-  }
+  dispatch_fp8_activation(op, input, [&](auto t_tag) {
+    using T = typename decltype(t_tag)::type;
+    auto* o = static_cast<T*>(out.data_ptr());
+    const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
+    auto launch = [&](auto kernel) {
+      launch_kernel(kernel, grid, dim3(kFp8GemmThreads), 0, stream, pdl, o, out_stride,
+                    partial.has_value() ? static_cast<float*>(partial->data_ptr()) : nullptr,
+                    static_cast<const T*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
+                    static_cast<const unsigned char*>(weight.data_ptr()),
+                    static_cast<const float*>(scales.data_ptr()), static_cast<int>(a.groups),
+                    static_cast<int>(a.group_k / kFp8VecWeights), b, static_cast<int>(m), static_cast<int>(a.n),
+                    static_cast<int>(a.k), static_cast<int>(k_split));
+    };
+    switch (fm) {
+      case 1: launch(fp8_gemm_kernel<T, 1>); break;
+      case 2: launch(fp8_gemm_kernel<T, 2>); break;
+      default: launch(fp8_gemm_kernel<T, 4>); break;
+    }
+    if (partial.has_value()) {
+      const int64_t outputs = m * a.n;
+      launch_kernel(fp8_gemm_reduce_kernel<T>, dim3(static_cast<unsigned>(ceil_div(outputs, 256))), dim3(256), 0,
+                    stream, pdl, o, out_stride, static_cast<const float*>(partial->data_ptr()), b,
+                    static_cast<int>(m), static_cast<int>(a.n), static_cast<int>(splits));
+    }
+  });
   check_launch(op);
 }
 
@@ -140,11 +158,14 @@ void fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k) {
   torch::stable::accelerator::DeviceGuard guard(device);
   const int64_t vectors = a.n * (a.k / kFp8VecWeights);
   constexpr int kThreads = 256;
-  launch_kernel(fp8_dequantize_kernel, dim3(static_cast<unsigned>(ceil_div(vectors, kThreads))), dim3(kThreads), 0,
-                current_stream(weight), false, static_cast<__half*>(out.data_ptr()),
-                static_cast<const unsigned char*>(weight.data_ptr()), static_cast<const float*>(scales.data_ptr()),
-                static_cast<int>(a.groups), static_cast<int>(a.group_k / kFp8VecWeights), vectors,
-                static_cast<int>(a.k / kFp8VecWeights));
+  dispatch_fp8_activation(op, out, [&](auto t_tag) {
+    using T = typename decltype(t_tag)::type;
+    launch_kernel(fp8_dequantize_kernel<T>, dim3(static_cast<unsigned>(ceil_div(vectors, kThreads))),
+                  dim3(kThreads), 0, current_stream(weight), false, static_cast<T*>(out.data_ptr()),
+                  static_cast<const unsigned char*>(weight.data_ptr()), static_cast<const float*>(scales.data_ptr()),
+                  static_cast<int>(a.groups), static_cast<int>(a.group_k / kFp8VecWeights), vectors,
+                  static_cast<int>(a.k / kFp8VecWeights));
+  });
   check_launch(op);
 }
 

@@ -1,11 +1,12 @@
 // FP8 (e4m3fn) weights on tensor cores (device code only): SM70 and newer, WMMA m16n16k16 with
-// float16 inputs and FP32 accumulation; no FP8 or BF16 instructions. For inputs of more rows than
+// float16 inputs (bfloat16 on SM80+: its instances compile to a trap below) and FP32 accumulation;
+// no FP8 instructions. For inputs of more rows than
 // the GEMV takes (prefill chunks, large decode batches): out [M, N] = x [M, K] W^T (+ bias), W as in
 // kernels/fp8_gemv.cuh (weight [N, K] bytes, scales float32 [N, G]).
 // Block (n, m, split): kFp8GemmBN weight rows x BM = 16 * FM input rows over the split's K range,
 // kFp8GemmBK inputs a step. Each step the weight tile (16 bytes a thread, twice) is converted to
-// float16 and scaled by its row's group scale on the way into shared memory (the value a
-// dequantized float16 weight would hold: one rounding), the input tile copied beside it; the next
+// the activation type T and scaled by its row's group scale on the way into shared memory (the
+// value a dequantized weight would hold: one rounding), the input tile copied beside it; the next
 // step's loads are in flight during the MMAs. 8 warps: 4 along N (16 weight rows each) x 2 along
 // K (half a step each); the two K halves meet in shared memory at the end. One split: out is
 // written (+ bias) directly; several: FP32 partial sums [split][M][N], summed in order by
@@ -16,6 +17,7 @@
 
 #include "kernels/fp8_convert.cuh"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/type_convert.cuh"
 
 #ifdef __CUDACC_RTC__
 using int64_t = long long;
@@ -28,38 +30,39 @@ constexpr int kFp8GemmBN = 64;
 constexpr int kFp8GemmBK = 128;
 constexpr int kFp8GemmPad = 8;  // halves of row padding: rows stay 16-byte aligned, banks spread
 
-template <int FM>
+template <typename T, int FM>
 struct Fp8GemmSmem {
   static constexpr int BM = 16 * FM, LD = kFp8GemmBK + kFp8GemmPad, LDC = kFp8GemmBN + 4;
   union {
     struct {
-      __half a[BM][LD];
-      __half b[kFp8GemmBN][LD];
+      T a[BM][LD];
+      T b[kFp8GemmBN][LD];
     } tiles;
     float c[2][BM][LDC];  // the two K halves' sums, after the last step
   };
 };
 
-// 16 weights of a row, times their scale, as 16 float16 values (two 16-byte stores' worth).
-__device__ __forceinline__ void fp8x16_scaled_to_half(const uint4& w, float scale, uint4 (&h)[2]) {
+// 16 weights of a row, times their scale, as 16 values of T (two 16-byte stores' worth).
+template <typename T>
+__device__ __forceinline__ void fp8x16_scaled(const uint4& w, float scale, uint4 (&h)[2]) {
   float f[16];
   fp8x16_to_float_raw(w, f);
   const float s = scale * kFp8RawScale;
-  __half2* out = reinterpret_cast<__half2*>(h);
+  T* out = reinterpret_cast<T*>(h);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = __floats2half2_rn(f[2 * i] * s, f[2 * i + 1] * s);
+  for (int i = 0; i < 16; ++i) out[i] = Convert<T>::from_float(f[i] * s);
 }
 
 // Input rows [m), weight rows [n), K = k (a multiple of 16), split range k_split (a multiple of
 // kFp8GemmBK). partial == nullptr: write out (+ bias); else partial[split][m][n] in FP32.
-template <int FM>
-__global__ void __launch_bounds__(kFp8GemmThreads)
-    fp8_gemm_kernel(__half* __restrict__ out, int64_t out_stride, float* __restrict__ partial,
-                    const __half* __restrict__ x, int64_t x_stride, const unsigned char* __restrict__ weight,
-                    const float* __restrict__ scales, int groups, int group_vecs, const __half* __restrict__ bias,
-                    int m, int n, int k, int k_split) {
+template <typename T, int FM>
+__device__ __forceinline__ void fp8_gemm_body(T* __restrict__ out, int64_t out_stride, float* __restrict__ partial,
+                                              const T* __restrict__ x, int64_t x_stride,
+                                              const unsigned char* __restrict__ weight,
+                                              const float* __restrict__ scales, int groups, int group_vecs,
+                                              const T* __restrict__ bias, int m, int n, int k, int k_split) {
   namespace wmma = nvcuda::wmma;
-  using Smem = Fp8GemmSmem<FM>;
+  using Smem = Fp8GemmSmem<T, FM>;
   constexpr int BM = Smem::BM, BN = kFp8GemmBN, BK = kFp8GemmBK, LD = Smem::LD;
   constexpr int A_VK = BK / 8, B_VK = BK / 16;  // 16-byte vectors per tile row (halves / bytes)
   constexpr int A_LOADS = BM * A_VK / kFp8GemmThreads, B_LOADS = BN * B_VK / kFp8GemmThreads;
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(kFp8GemmThreads)
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i) {
       uint4 h[2];
-      fp8x16_scaled_to_half(b_reg[i], s_reg[i], h);
+      fp8x16_scaled<T>(b_reg[i], s_reg[i], h);
       uint4* dst = reinterpret_cast<uint4*>(&smem.tiles.b[b_row[i]][b_vec[i] * 16]);
       dst[0] = h[0];
       dst[1] = h[1];
@@ -134,11 +137,11 @@ __global__ void __launch_bounds__(kFp8GemmThreads)
     if (kb + BK < k1) load(kb + BK);  // in flight during the MMAs
 #pragma unroll
     for (int kk = wk * (BK / 2); kk < (wk + 1) * (BK / 2); kk += 16) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
       wmma::load_matrix_sync(fb, &smem.tiles.b[wn * 16][kk], LD);
 #pragma unroll
       for (int i = 0; i < FM; ++i) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
         wmma::load_matrix_sync(fa, &smem.tiles.a[i * 16][kk], LD);
         wmma::mma_sync(acc[i], fa, fb, acc[i]);
       }
@@ -156,14 +159,29 @@ __global__ void __launch_bounds__(kFp8GemmThreads)
     if (partial != nullptr) {
       partial[(static_cast<int64_t>(blockIdx.z) * m + row) * n + col] = y;
     } else {
-      out[row * out_stride + col] = __float2half_rn(bias != nullptr ? y + __half2float(bias[col]) : y);
+      out[row * out_stride + col] = Convert<T>::from_float(bias != nullptr ? y + Convert<T>::to_float(bias[col]) : y);
     }
   }
 }
 
-// out[row][col] = sum over the splits of partial[split][row][col] (+ bias[col]), rounded to half.
-__global__ void fp8_gemm_reduce_kernel(__half* __restrict__ out, int64_t out_stride, const float* __restrict__ partial,
-                                       const __half* __restrict__ bias, int m, int n, int splits) {
+template <typename T, int FM>
+__global__ void __launch_bounds__(kFp8GemmThreads)
+    fp8_gemm_kernel(T* __restrict__ out, int64_t out_stride, float* __restrict__ partial, const T* __restrict__ x,
+                    int64_t x_stride, const unsigned char* __restrict__ weight, const float* __restrict__ scales,
+                    int groups, int group_vecs, const T* __restrict__ bias, int m, int n, int k, int k_split) {
+  if constexpr (!arch_supports<T>::value) {
+    __trap();
+  } else {
+    fp8_gemm_body<T, FM>(out, out_stride, partial, x, x_stride, weight, scales, groups, group_vecs, bias, m, n, k,
+                         k_split);
+  }
+}
+
+// out[row][col] = sum over the splits of partial[split][row][col] (+ bias[col]), rounded to T.
+template <typename T>
+__device__ __forceinline__ void fp8_gemm_reduce_body(T* __restrict__ out, int64_t out_stride,
+                                                     const float* __restrict__ partial, const T* __restrict__ bias,
+                                                     int m, int n, int splits) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -172,7 +190,17 @@ __global__ void fp8_gemm_reduce_kernel(__half* __restrict__ out, int64_t out_str
   const int64_t row = idx / n, col = idx % n;
   float y = 0.f;
   for (int s = 0; s < splits; ++s) y += partial[s * outputs + idx];
-  out[row * out_stride + col] = __float2half_rn(bias != nullptr ? y + __half2float(bias[col]) : y);
+  out[row * out_stride + col] = Convert<T>::from_float(bias != nullptr ? y + Convert<T>::to_float(bias[col]) : y);
+}
+
+template <typename T>
+__global__ void fp8_gemm_reduce_kernel(T* __restrict__ out, int64_t out_stride, const float* __restrict__ partial,
+                                       const T* __restrict__ bias, int m, int n, int splits) {
+  if constexpr (!arch_supports<T>::value) {
+    __trap();
+  } else {
+    fp8_gemm_reduce_body<T>(out, out_stride, partial, bias, m, n, splits);
+  }
 }
 
 }  // namespace vllm_volta

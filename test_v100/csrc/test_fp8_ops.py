@@ -25,6 +25,18 @@ def gpu(test):
     """Marked for the GPU run; skipped without CUDA or without the op in this build."""
     return pytest.mark.gpu(requires_gpu(requires_op(test)))
 
+
+def _bf16_runs() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0) and _BUILT
+            and ops.cuda_bf16_kernels_built())
+
+
+# float16 everywhere; bfloat16 where the GPU (SM80+) and the build have it.
+DTYPES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not _bf16_runs(), reason="bfloat16 kernels need an SM80+ GPU and build"))]
+# Relative precision of one rounding to the dtype (float16: 11 bits, bfloat16: 8).
+ROUNDING = {torch.float16: 2**-11, torch.bfloat16: 2**-8}
+
 # (N, K): Qwen3-8B's o_proj, and sizes that are not multiples of 128 (K = 400: a last group of 16).
 SHAPES = [(4096, 4096), (300, 400), (130, 272), (24, 4112)]
 
@@ -65,51 +77,56 @@ def test_all_256_bytes_convert_exactly():
     assert torch.equal(out.cpu().view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["block", "channel", "tensor"])
 @pytest.mark.parametrize("n,k", SHAPES)
 @gpu
-def test_dequantize_matches_float64(n, k, kind):
+def test_dequantize_matches_float64(n, k, kind, dtype):
     gen = torch.Generator().manual_seed(n + k)
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, 128, gen)
-    out = torch.full((n, k), float("nan"), dtype=torch.float16, device="cuda")
+    out = torch.full((n, k), float("nan"), dtype=dtype, device="cuda")
     ops.fp8_dequantize(out, weight.cuda(), scales.cuda(), 128)
     want = dense64(weight, scales, 128)
-    torch.testing.assert_close(out.double().cpu(), want, rtol=2**-11, atol=2**-24)  # one float16 rounding
+    torch.testing.assert_close(out.double().cpu(), want, rtol=1.01 * ROUNDING[dtype], atol=2**-24)  # one rounding
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("kind,group", [("block", 128), ("block", 64), ("channel", 128), ("tensor", 128)])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", range(1, 9))
 @gpu
-def test_gemv_matches_float64(m, n, k, kind, group, bias):
+def test_gemv_matches_float64(m, n, k, kind, group, bias, dtype):
+    """FP32 sums of exact products: within one rounding of the output to the dtype."""
     gen = torch.Generator().manual_seed(m * 7 + n + k)
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, group, gen)
-    x = torch.randn(m, k, generator=gen).half()
-    b = torch.randn(n, generator=gen).half() if bias else None
-    out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
     ops.fp8_gemv(out, x.cuda(), weight.cuda(), scales.cuda(), group, None if b is None else b.cuda())
     want = x.double() @ dense64(weight, scales, group).t() + (0 if b is None else b.double())
     scale = want.abs().max().item()
-    torch.testing.assert_close(out.double().cpu(), want, rtol=2e-3, atol=1e-3 * scale)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=4 * ROUNDING[dtype], atol=2 * ROUNDING[dtype] * scale)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split_k", [0, 1, 3])
 @pytest.mark.parametrize("kind,group", [("block", 128), ("block", 32), ("channel", 128), ("tensor", 128)])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [1, 9, 16, 17, 40, 64, 65, 130])
 @gpu
-def test_gemm_matches_float64(m, n, k, kind, group, split_k):
-    """The weight tile is rounded to float16 after scaling (as a dequantized weight): within
-    float16 rounding of each weight, summed in FP32."""
+def test_gemm_matches_float64(m, n, k, kind, group, split_k, dtype):
+    """The weight tile is rounded to the dtype after scaling (as a dequantized weight): within that
+    rounding of each weight, summed in FP32, then one rounding of the output."""
     gen = torch.Generator().manual_seed(m * 5 + n + k + split_k)
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, group, gen)
-    x = torch.randn(m, k, generator=gen).half()
-    b = torch.randn(n, generator=gen).half()
-    out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
     ops.fp8_gemm(out, x.cuda(), weight.cuda(), scales.cuda(), group, b.cuda(), min(split_k, -(-k // 128)))
     want = x.double() @ dense64(weight, scales, group).t() + b.double()
-    torch.testing.assert_close(out.double().cpu(), want, rtol=5e-3, atol=2e-3 * want.abs().max().item())
+    u = ROUNDING[dtype]
+    torch.testing.assert_close(out.double().cpu(), want, rtol=10 * u, atol=4 * u * want.abs().max().item())
 
 
 @gpu
@@ -126,21 +143,23 @@ def test_gemv_strided_rows_and_out():
     assert not out_wide[:, n:].any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 8, 9, 64, 128, 129, 300])
 @pytest.mark.parametrize("kind", ["block", "channel"])
 @gpu
-def test_linear_both_paths_match_float64(rows, kind):
+def test_linear_every_path_matches_float64(rows, kind, dtype):
     """fp8_w8a16_linear: fp8_gemv up to 8 rows, fp8_gemm up to 128, fp8_dequantize + cuBLAS above;
     [..., K] inputs."""
     gen = torch.Generator().manual_seed(rows)
     n, k = 384, 528
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, 128, gen)
-    x = torch.randn(1, rows, k, generator=gen).half()
-    b = torch.randn(n, generator=gen).half()
+    x = torch.randn(1, rows, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
     got = fp8_w8a16_linear(x.cuda(), weight.cuda(), scales.cuda(), 128, b.cuda())
     want = x.double() @ dense64(weight, scales, 128).t() + b.double()
-    assert got.shape == (1, rows, n) and got.dtype == torch.float16
-    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-2, atol=2e-3 * want.abs().max().item())
+    assert got.shape == (1, rows, n) and got.dtype == dtype
+    u = ROUNDING[dtype]
+    torch.testing.assert_close(got.double().cpu(), want, rtol=20 * u, atol=4 * u * want.abs().max().item())
 
 
 @gpu
@@ -173,9 +192,13 @@ BAD = [
     (dict(scales=_m(64, 3, dtype=torch.float32)), "'scales' must be [N, 1] or [N, ceil(K / group_k)] = [64, 2], got [64, 3]"),
     (dict(group_k=100), "'group_k' must be a positive multiple of 16, got 100"),
     (dict(weight=_m(64, 200, dtype=FP8), input=_m(2, 200)), "K (input features) must be a positive multiple of 16"),
-    (dict(input=_m(2, 128)), "'input' must be a float16 tensor [M, 256]"),
-    (dict(out=_m(2, 64, dtype=torch.float32)), "'out' must be a float16 tensor [2, 64]"),
-    (dict(bias=_m(63)), "'bias' must be a contiguous float16 tensor [64]"),
+    (dict(input=_m(2, 128)), "'input' must be a float16 or bfloat16 tensor [M, 256]"),
+    (dict(input=_m(2, 256, dtype=torch.float32), out=_m(2, 64, dtype=torch.float32)),
+     "'input' must be a float16 or bfloat16 tensor [M, 256]"),
+    (dict(out=_m(2, 64, dtype=torch.bfloat16)), "'out' has dtype bfloat16 but 'input' has float16; they must match"),
+    (dict(out=_m(2, 63)), "'out' must be [2, 64]"),
+    (dict(bias=_m(64, dtype=torch.float32)), "'bias' has dtype float32 but 'input' has float16; they must match"),
+    (dict(bias=_m(63)), "'bias' must be a contiguous 1-D tensor [64]"),
 ]
 
 
@@ -186,13 +209,16 @@ def test_gemv_bad_input_is_a_clear_error(overrides, message):
         torch.ops._C.fp8_gemv(**_meta(**overrides))
     torch.ops._C.fp8_gemv(**_meta())  # the valid arguments pass
     torch.ops._C.fp8_gemv(**_meta(scales=_m(64, 1, dtype=torch.float32), group_k=16, bias=_m(64)))
+    torch.ops._C.fp8_gemv(**_meta(input=_m(2, 256, dtype=torch.bfloat16), out=_m(2, 64, dtype=torch.bfloat16)))
 
 
 @requires_op
 def test_dequantize_bad_out_is_a_clear_error():
     args = dict(weight=_m(64, 256, dtype=FP8), scales=_m(64, 2, dtype=torch.float32), group_k=128)
     torch.ops._C.fp8_dequantize(out=_m(64, 256), **args)
-    with pytest.raises(RuntimeError, match=re.escape("fp8_dequantize: 'out' must be a float16 tensor [64, 256]")):
+    torch.ops._C.fp8_dequantize(out=_m(64, 256, dtype=torch.bfloat16), **args)
+    with pytest.raises(RuntimeError, match=re.escape("fp8_dequantize: 'out' must be a float16 or bfloat16 tensor "
+                                                     "[64, 256]")):
         torch.ops._C.fp8_dequantize(out=_m(64, 128), **args)
 
 
@@ -203,5 +229,5 @@ def test_gemm_bad_input_is_a_clear_error():
     with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'split_k' must be 0 (automatic) or 1 to "
                                                      "ceil(K / 128) = 2, got 3")):
         torch.ops._C.fp8_gemm(**args, split_k=3)
-    with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'out' must be a float16 tensor [300, 64]")):
+    with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'out' must be [300, 64]")):
         torch.ops._C.fp8_gemm(**(args | {"out": _m(299, 64)}), split_k=0)

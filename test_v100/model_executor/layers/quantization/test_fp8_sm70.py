@@ -49,11 +49,22 @@ def test_path_per_capability(cuda_platform, cap, config, path):
         assert reason in got
 
 
-def test_bfloat16_and_cpu_and_builds_without_kernels_dequantize(cuda_platform, monkeypatch):
+def test_bfloat16_from_sm80_with_bf16_kernels(cuda_platform, monkeypatch):
+    monkeypatch.setattr(ops, "cuda_bf16_kernels_built", lambda: True)
     cuda_platform("8.0")
-    got = fp8_kernel_path(BLOCK, CUDA, torch.bfloat16)
+    assert fp8_kernel_path(BLOCK, CUDA, torch.bfloat16).startswith(PATH_NAME)
+    cuda_platform("7.5")
+    got = fp8_kernel_path(W8A16, CUDA, torch.bfloat16)
     assert got.startswith("weight-only FP8: dequantized to bfloat16 each call, then cuBLAS")
-    assert "the FP8 CUDA kernels compute in float16 (here bfloat16)" in got
+    assert "bfloat16 needs SM80+ (run --dtype half)" in got
+    cuda_platform("8.0")
+    monkeypatch.setattr(ops, "cuda_bf16_kernels_built", lambda: False)
+    assert "this build has no bfloat16 kernels" in fp8_kernel_path(BLOCK, CUDA, torch.bfloat16)
+
+
+def test_cpu_float32_and_builds_without_kernels_dequantize(cuda_platform, monkeypatch):
+    cuda_platform("8.0")
+    assert "compute in float16 or bfloat16 (here float32)" in fp8_kernel_path(BLOCK, CUDA, torch.float32)
     assert fp8_kernel_path(BLOCK, torch.device("cpu"), torch.float16).startswith(
         "weight-only FP8: dequantized to float16 each call, then the CPU GEMM")
     monkeypatch.setattr(ops, "has_cuda_kernel", lambda op: False)
@@ -73,7 +84,7 @@ def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
         return weight.double() * scales.double()[:, cols]
 
     def product(out, input, weight, scales, group_k, bias):
-        assert input.stride(-1) == 1 and out.dtype == input.dtype == torch.float16
+        assert input.stride(-1) == 1 and out.dtype == input.dtype
         y = input.double() @ dense(weight, scales, group_k).t()
         out.copy_(y if bias is None else y + bias.double())
 

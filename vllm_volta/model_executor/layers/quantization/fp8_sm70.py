@@ -2,12 +2,12 @@
 
 The weight stays float8_e4m3fn [N, K] in GPU memory (a Qwen3-8B-FP8 fits a 16 GB V100) and the
 kernels (csrc/fp8_kernels.cu) convert it to float16 in registers with integer operations, so
-they run on SM70 and newer; the activations stay float16 (not quantized):
+they run on SM70 and newer; the activations stay float16 (bfloat16 on SM80+), not quantized:
 - up to ``GEMV_MAX_ROWS`` input rows (decode): ``fp8_gemv`` reads each weight byte once, FP32
   accumulation, the scales applied per 16-weight vector's group;
-- up to ``GEMM_MAX_ROWS``: ``fp8_gemm`` on tensor cores (WMMA, float16 MMAs with FP32
+- up to ``GEMM_MAX_ROWS``: ``fp8_gemm`` on tensor cores (WMMA, 16-bit MMAs with FP32
   accumulation), the weight tiles converted and scaled on their way into shared memory;
-- more rows: ``fp8_dequantize`` writes the float16 weight into a scratch tensor from the caching
+- more rows: ``fp8_dequantize`` writes the 16-bit weight into a scratch tensor from the caching
   allocator (reused call after call), then one cuBLAS GEMM, whose efficiency at these sizes
   outweighs reading the weight again at two bytes a value.
 Scales are fp8.py's [N, G] float32 rows (G = ceil(K / group_k), or 1 per channel / tensor).
@@ -28,15 +28,24 @@ def sm70_kernels_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     """None when fp8_gemv / fp8_dequantize can serve layers on ``device`` in ``dtype``, else why not."""
     if device.type != "cuda":
         return f"the FP8 CUDA kernels need a CUDA GPU (here {device.type})"
-    if dtype != torch.float16:
-        return f"the FP8 CUDA kernels compute in float16 (here {str(dtype).removeprefix('torch.')})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"the FP8 CUDA kernels compute in float16 or bfloat16 (here {str(dtype).removeprefix('torch.')})"
     from vllm_volta import _custom_ops as ops
 
     try:
-        built = ops.has_cuda_kernel("fp8_gemv")
-    except RuntimeError:  # an extension built before the op existed
-        return "this build of vllm_volta._C predates fp8_gemv (rebuild it)"
-    return None if built else "this build of vllm_volta._C has no CUDA kernels"
+        built = ops.has_cuda_kernel("fp8_gemm")
+    except RuntimeError:  # an extension built before the ops existed
+        return "this build of vllm_volta._C predates the FP8 kernels (rebuild it)"
+    if not built:
+        return "this build of vllm_volta._C has no CUDA kernels"
+    if dtype == torch.bfloat16:
+        from vllm_volta.platforms import current_platform
+
+        if not current_platform.has_device_capability(80, device.index or 0):
+            return "bfloat16 needs SM80+ (run --dtype half)"
+        if not ops.cuda_bf16_kernels_built():
+            return "this build has no bfloat16 kernels (no SM80+ target arch)"
+    return None
 
 
 def layer_fits(input_size: int, group_k: int, groups: int) -> bool:
@@ -51,7 +60,8 @@ def describe() -> str:
 
 def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
                      bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] float16 -> x W^T + bias [..., N] float16, W = weight [N, K] fp8 x scales [N, G]."""
+    """x [..., K] (float16 / bfloat16) -> x W^T + bias [..., N] in x's dtype, W = weight [N, K] fp8 x
+    scales [N, G]."""
     from vllm_volta import _custom_ops as ops
 
     n, k = weight.shape
