@@ -256,10 +256,10 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("w4_gemv(Tensor! out, Tensor input, Tensor qweight, Tensor sz, int rows_per_warp) -> ()");
   m.def("w4_gemm(Tensor! out, Tensor input, Tensor qweight, Tensor sz, int block_m, int block_n, int splits) -> ()");
   // FP8 e4m3fn weights [N, K] with float32 scales [N, G] (one per row and group_k inputs, or G = 1):
-  // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8, float16; out [N, K] = W in float16.
+  // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8; out [N, K] = W. float16 (bfloat16 on SM80+).
   m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None) -> ()");
   m.def("fp8_dequantize(Tensor! out, Tensor weight, Tensor scales, int group_k) -> ()");
-  // The same product for any M on tensor cores (float16 MMAs, FP32 accumulation); split_k 0: automatic.
+  // The same product for any M on tensor cores (16-bit MMAs, FP32 accumulation); split_k 0: automatic.
   m.def("fp8_gemm(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None, "
         "int split_k=0) -> ()");
   // GGUF blocks uint8 [N, row_bytes] of GGML type `qtype` (Q4_0 2, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14):

@@ -286,20 +286,22 @@ def w4_gemm(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: t
 
 def fp8_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
              bias: torch.Tensor | None = None) -> None:
-    """out [M, N] float16 <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), W = weight
+    """out [M, N] <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), float16 (bfloat16 on
+    SM80+), W = weight
     float8_e4m3fn [N, K] times scales float32 [N, ceil(K / group_k)] (or [N, 1]), converted in
     registers (layers/quantization/fp8.py). CUDA only."""
     torch.ops._C.fp8_gemv(out, input, weight, scales, group_k, bias)
 
 
 def fp8_dequantize(out: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int) -> None:
-    """out [N, K] float16 <- W = weight float8_e4m3fn [N, K] times its scales (as fp8_gemv). CUDA only."""
+    """out [N, K] (float16 / bfloat16) <- W = weight float8_e4m3fn [N, K] times its scales (as fp8_gemv).
+    CUDA only."""
     torch.ops._C.fp8_dequantize(out, weight, scales, group_k)
 
 
 def fp8_gemm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
              bias: torch.Tensor | None = None, split_k: int = 0) -> None:
-    """fp8_gemv's product for any number of rows M, on tensor cores (float16 MMAs of the weight tiles
+    """fp8_gemv's product for any number of rows M, on tensor cores (16-bit MMAs of the weight tiles
     converted and scaled in shared memory, FP32 accumulation); ``split_k`` K splits (0: automatic).
     CUDA only."""
     torch.ops._C.fp8_gemm(out, input, weight, scales, group_k, bias, split_k)
