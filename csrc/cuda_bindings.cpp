@@ -54,4 +54,7 @@ STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, m) {
   m.impl("moe_gemv_gelu_tanh_and_mul", TORCH_BOX(&moe_gemv_gelu_tanh_and_mul));
   m.impl("moe_gemv_down_sum", TORCH_BOX(&moe_gemv_down_sum));
   m.impl("moe_grouped_gemm", TORCH_BOX(&moe_grouped_gemm));
+  m.impl("moe_w4_gemv_act_and_mul", TORCH_BOX(&moe_w4_gemv_act_and_mul));
+  m.impl("moe_w4_gemv_down_sum", TORCH_BOX(&moe_w4_gemv_down_sum));
+  m.impl("moe_w4_dequantize", TORCH_BOX(&moe_w4_dequantize));
 }

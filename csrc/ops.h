@@ -72,6 +72,11 @@ void meta_moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids
 void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
                            Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
                            int64_t block_size);
+void meta_moe_w4_gemv_act_and_mul(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                                  int64_t activation);
+void meta_moe_w4_gemv_down_sum(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                               Tensor topk_weights);
+void meta_moe_w4_dequantize(Tensor out, Tensor qweight, Tensor sz, Tensor experts);
 void meta_gated_delta_rule_decode(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,
                                   Tensor state_slots, double scale, bool qk_l2norm, std::optional<Tensor> A_log,
                                   std::optional<Tensor> dt_bias, int64_t col_threads);
@@ -157,6 +162,13 @@ void moe_gemv_down_sum(Tensor out, Tensor input, Tensor w2, Tensor topk_ids, Ten
 void moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorted_token_ids, Tensor experts_ids,
                       Tensor num_tokens_post_pad, std::optional<Tensor> topk_weights, int64_t top_k,
                       int64_t block_size);
+
+// ---- 4-bit mixture of experts: decode GEMVs over the chosen experts, expert dequantization (csrc/moe_w4_kernels.cu) ----
+void moe_w4_gemv_act_and_mul(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                             int64_t activation);
+void moe_w4_gemv_down_sum(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                          Tensor topk_weights);
+void moe_w4_dequantize(Tensor out, Tensor qweight, Tensor sz, Tensor experts);
 
 // ---- Gated DeltaNet recurrence and causal conv1d with per-slot states, Volta-safe, CUDA in every build (csrc/gdn_kernels.cu) ----
 void gated_delta_rule_decode(Tensor out, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor state,

@@ -16,6 +16,7 @@
 #include "gemv_checks.h"
 #include "gguf_checks.h"
 #include "moe_checks.h"
+#include "moe_w4_checks.h"
 #include "ops.h"
 #include "rotary_checks.h"
 #include "sampling_checks.h"
@@ -149,6 +150,18 @@ void meta_moe_grouped_gemm(Tensor out, Tensor input, Tensor weight, Tensor sorte
                            int64_t block_size) {
   check_moe_gemm_args(out, input, weight, sorted_token_ids, experts_ids, num_tokens_post_pad, topk_weights, top_k,
                       block_size);
+}
+void meta_moe_w4_gemv_act_and_mul(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                                  int64_t activation) {
+  check_moe_w4_gemv_args("moe_w4_gemv_act_and_mul", out, input, qweight, sz, topk_ids, std::nullopt, true);
+  check_moe_w4_activation("moe_w4_gemv_act_and_mul", activation);
+}
+void meta_moe_w4_gemv_down_sum(Tensor out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids,
+                               Tensor topk_weights) {
+  check_moe_w4_gemv_args("moe_w4_gemv_down_sum", out, input, qweight, sz, topk_ids, topk_weights, false);
+}
+void meta_moe_w4_dequantize(Tensor out, Tensor qweight, Tensor sz, Tensor experts) {
+  check_moe_w4_dequantize_args(out, qweight, sz, experts);
 }
 void meta_gemv_add(Tensor out, Tensor input, Tensor weight, std::optional<Tensor> bias, int64_t rows_per_block) {
   check_gemv_args("gemv_add", out, input, weight, bias, rows_per_block, /*gated=*/false);
@@ -304,6 +317,13 @@ STABLE_TORCH_LIBRARY(_C, m) {
   // Prefill: out [P, N] rows p = input[p / top_k] @ weight[e]^T (x topk_weights[p]) over sorted blocks.
   m.def("moe_grouped_gemm(Tensor! out, Tensor input, Tensor weight, Tensor sorted_token_ids, "
         "Tensor experts_ids, Tensor num_tokens_post_pad, Tensor? topk_weights, int top_k, int block_size) -> ()");
+  // 4-bit experts (qweight int32 [E, N, K/8] K-major, sz float16 [E, N, G, 2]): decode GEMVs over
+  // the chosen experts (activation 0 silu, 1 gelu_tanh) and the listed experts dequantized.
+  m.def("moe_w4_gemv_act_and_mul(Tensor! out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids, "
+        "int activation) -> ()");
+  m.def("moe_w4_gemv_down_sum(Tensor! out, Tensor input, Tensor qweight, Tensor sz, Tensor topk_ids, "
+        "Tensor topk_weights) -> ()");
+  m.def("moe_w4_dequantize(Tensor! out, Tensor qweight, Tensor sz, Tensor experts) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_C, CPU, m) {
@@ -350,6 +370,9 @@ STABLE_TORCH_LIBRARY_IMPL(_C, Meta, m) {
   m.impl("moe_gemv_gelu_tanh_and_mul", TORCH_BOX(&meta_moe_gemv_gelu_tanh_and_mul));
   m.impl("moe_gemv_down_sum", TORCH_BOX(&meta_moe_gemv_down_sum));
   m.impl("moe_grouped_gemm", TORCH_BOX(&meta_moe_grouped_gemm));
+  m.impl("moe_w4_gemv_act_and_mul", TORCH_BOX(&meta_moe_w4_gemv_act_and_mul));
+  m.impl("moe_w4_gemv_down_sum", TORCH_BOX(&meta_moe_w4_gemv_down_sum));
+  m.impl("moe_w4_dequantize", TORCH_BOX(&meta_moe_w4_dequantize));
 }
 
 #if defined(USE_CUDA) && defined(VLLM_V100_ADAPTER)

@@ -435,3 +435,23 @@ def moe_grouped_gemm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tenso
     (bfloat16 on SM80+)."""
     torch.ops._C.moe_grouped_gemm(out, input, weight, sorted_token_ids, experts_ids, num_tokens_post_pad,
                                   topk_weights, top_k, block_size)
+
+
+def moe_w4_gemv_act_and_mul(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor,
+                            topk_ids: torch.Tensor, activation: int = 0) -> None:
+    """4-bit decode gate/up: ``out`` [T, k, I] <- act(x W_e[:I]^T) * (x W_e[I:]^T) for each token's
+    chosen experts, ``qweight`` int32 [E, 2I, H/8] K-major and ``sz`` float16 [E, 2I, G, 2]
+    (moe_w4_layout.py); ``activation`` 0 SiLU, 1 GELU-tanh. CUDA; float16."""
+    torch.ops._C.moe_w4_gemv_act_and_mul(out, input, qweight, sz, topk_ids, activation)
+
+
+def moe_w4_gemv_down_sum(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor,
+                         topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+    """4-bit decode down projection and top-k sum: ``out`` [T, H] <- sum_j ``topk_weights``[t, j] *
+    ``input``[t, j] @ W_e^T in FP32, rounded once. CUDA; float16."""
+    torch.ops._C.moe_w4_gemv_down_sum(out, input, qweight, sz, topk_ids, topk_weights)
+
+
+def moe_w4_dequantize(out: torch.Tensor, qweight: torch.Tensor, sz: torch.Tensor, experts: torch.Tensor) -> None:
+    """``out`` float16 [n, N, K] <- the 4-bit weights of ``experts`` (int32 [n]). CUDA."""
+    torch.ops._C.moe_w4_dequantize(out, qweight, sz, experts)
