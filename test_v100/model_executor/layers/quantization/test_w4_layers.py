@@ -39,7 +39,9 @@ def test_awq_layer_repacks_and_matches(rows):
     layer.bias.data.copy_(bias)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3)).half()
     got = layer(x.cuda())
-    assert layer.__dict__.get("w4_weights") is not None and layer.qweight.numel() == 0  # the AWQ tensors freed
+    # repacked as the last tensor loaded: the parameters hold the K-major layout, the zeros sz's
+    assert layer.__dict__.get("w4_weights") is not None and layer.qweight.shape == (n, k // 8)
+    assert layer.scales.shape == (n, k // group, 2) and layer.qzeros.numel() == 0
     _close(got, x.double() @ w + bias.double())
     _close(layer(x.cuda()), x.double() @ w + bias.double())  # served from the repacked weight again
     dense = layer.quant_method.dense_weight(layer, torch.float16)

@@ -12,7 +12,9 @@ keyed by n, k, group_size; benchmarks/kernels/benchmark_awq.py --tune writes the
 repack once their last checkpoint tensor has loaded (``note_loaded``), or at their first call
 when no loader ran (dummy weights), and release the checkpoint-layout tensors. A layer first
 called inside a CUDA-graph capture keeps the AWQ layout for good (the graph holds its tensors).
-The CPU path never repacks; a repacked layer's weights cannot be loaded again.
+After repacking, the layer's qweight parameter holds [N, K/8] and its scales parameter sz
+[N, G, 2] (the zero-point tensor is emptied): its weights cannot be loaded again. The CPU path
+never repacks.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def repack_layer(layer: nn.Module, qweight: torch.Tensor, qzeros: torch.Tensor, 
         return None
     packed, sz = repack_awq(qweight, qzeros, scales, max_cols=1024)
     weights = W4Weights(packed, sz, group_size)
-    for t in (qweight, qzeros, scales):  # the kernels read only the new layout: free the old
-        t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    # The parameters take the new layout (so the model's parameter bytes stay true); the zero
+    # points now live in sz.
+    qweight.data, scales.data = packed, sz
+    qzeros.data = torch.empty(0, dtype=qzeros.dtype, device=qzeros.device)
     layer.__dict__["w4_weights"] = weights
     return weights
 
