@@ -140,3 +140,16 @@ def test_dequantize_bad_out_is_a_clear_error():
     torch.ops._C.w4_dequantize(**(args | {"out": torch.empty(64, 128, dtype=torch.float16, device="meta")}))
     with pytest.raises(RuntimeError, match=re.escape("w4_dequantize: 'out' must be a float16 tensor [64, 128]")):
         torch.ops._C.w4_dequantize(**args)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_w4_ops_opcheck():
+    qweight, sz, _ = _weights(256, 40, 64)
+    x = _x(5, 256).cuda()
+    torch.library.opcheck(torch.ops._C.w4_gemv.default, (torch.empty(5, 40, dtype=torch.float16, device="cuda"),
+                                                         x, qweight, sz, 2))
+    torch.library.opcheck(torch.ops._C.w4_gemm.default, (torch.empty(5, 40, dtype=torch.float16, device="cuda"),
+                                                         x, qweight, sz, 32, 32, 2))
+    torch.library.opcheck(torch.ops._C.w4_dequantize.default,
+                          (torch.empty(40, 256, dtype=torch.float16, device="cuda"), qweight, sz))
