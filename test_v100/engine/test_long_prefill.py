@@ -93,3 +93,14 @@ def test_chunked_long_prefill_is_bounded_and_matches_unchunked(model_dir, monkey
     context_scores = 4 * CHUNK * 1024 * 4
     assert largest[1024] < context_scores
     assert largest[3072] == largest[1024]
+
+
+def test_fresh_prompts_take_torchs_fused_cpu_kernel():
+    """TORCH_SDPA runs a fresh prompt's causal attention on 4-D inputs because torch picks its
+    fused (flash) CPU kernel for them, and the math path, which holds [heads, q, q] scores, for
+    the same call on 3-D inputs."""
+    from torch.nn.attention import SDPBackend
+
+    q, k, v = (torch.randn(1, 4, 300, 16) for _ in range(3))
+    assert torch._fused_sdp_choice(q, k, v, None, is_causal=True) == int(SDPBackend.FLASH_ATTENTION)
+    assert torch._fused_sdp_choice(q[0], k[0], v[0], None, is_causal=True) == int(SDPBackend.MATH)
