@@ -84,7 +84,8 @@ def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
         return weight.double() * scales.double()[:, cols]
 
     def product(out, input, weight, scales, group_k, bias):
-        assert input.stride(-1) == 1 and out.dtype == input.dtype
+        assert input.stride(-1) == 1 and out.dtype == input.dtype and input.data_ptr() % 16 == 0
+        assert input.shape[0] == 1 or input.stride(0) % 8 == 0
         y = input.double() @ dense(weight, scales, group_k).t()
         out.copy_(y if bias is None else y + bias.double())
 
@@ -138,3 +139,24 @@ def test_layers_call_the_kernels_by_rows(monkeypatch, name, scheme):
             want = x.double() @ w.t() + (0 if layer.bias is None else layer.bias.double())
             assert calls == ([want_call] if layer is qkv else [])
             torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_inputs_reach_the_kernels_aligned(monkeypatch):
+    """Rows that are not 16-byte vectors apart (or start off a vector) are copied first; zero rows
+    launch nothing."""
+    calls: list[str] = []
+    _stand_in_kernels(monkeypatch, calls)
+    from vllm_volta.model_executor.layers.quantization.fp8_sm70 import fp8_w8a16_linear
+
+    gen = torch.Generator().manual_seed(1)
+    weight = (torch.randn(24, 64, generator=gen) * 50).to(torch.float8_e4m3fn)
+    scales = torch.rand(24, 1, generator=gen) * 0.01
+    wide = torch.randn(20, 80, generator=gen).half()
+    for x in (wide[:3, 1:65], wide[:12, 8:72].t().contiguous().t()[:, :64], wide[:, :64][::2]):
+        calls.clear()
+        got = fp8_w8a16_linear(x, weight, scales, 64, None)
+        want = x.double() @ (weight.double() * scales.double()).t()
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
+        assert calls and calls[0] in ("gemv", "gemm")
+    calls.clear()
+    assert fp8_w8a16_linear(wide[:0, :64], weight, scales, 64, None).shape == (0, 24) and not calls

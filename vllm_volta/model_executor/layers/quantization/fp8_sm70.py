@@ -70,7 +70,9 @@ def fp8_w8a16_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) % 8) or rows.data_ptr() % 16:
         rows = rows.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy
     group = group_k if scales.shape[1] > 1 else _VECTOR  # one scale per row: the group is unused
-    if 0 < rows.shape[0] <= GEMM_MAX_ROWS:
+    if rows.shape[0] == 0:
+        out = rows.new_empty(0, n)
+    elif rows.shape[0] <= GEMM_MAX_ROWS:
         out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
         kernel = ops.fp8_gemv if rows.shape[0] <= GEMV_MAX_ROWS else ops.fp8_gemm
         kernel(out, rows, weight, scales, group, bias)
