@@ -86,7 +86,7 @@ def kernel_config_file_name(op: str, *, device_name: str, **shape: Any) -> str:
     return ",".join(parts) + ".json"
 
 
-EntryKey = tuple[int, "int | None"]  # (batch size, context length or None = any context)
+EntryKey = tuple[int, int | None]  # (batch size, context length or None = any context)
 
 
 @dataclass(frozen=True)
