@@ -105,7 +105,7 @@ def test_quick_mode_over_all_layouts_writes_one_file_per_head_and_kv_layout(tmp_
 def test_quick_defaults_and_points_over_the_cache_limit_are_skipped(tmp_path):
     args = parse_args(["--quick", "--num-heads", "8", "--num-kv-heads", "8", "--head-size", "128",
                        "--max-cache-gib", "0.001"])
-    assert args.batch_sizes == [1, 4, 16, 64, 256] and args.context_lens == [1024, 4096, 32768, 131072]
+    assert args.batch_sizes == [1, 4, 8, 16, 64, 256] and args.context_lens == [1024, 4096, 32768, 131072]
     args.batch_sizes, args.context_lens, args.output_dir = [1, 2], [64, 1024], str(tmp_path)
     # 1 MiB limit: 2 x 64 x 8 x 128 x 2 bytes = 256 KiB (batch 1) fits, 1024 tokens (4 MiB) do not.
     out = run(args, timer=_fake_timer([]), device=torch.device("cpu"), device_name=DEVICE)
