@@ -120,8 +120,9 @@ def test_parallel_and_device_config():
     assert ParallelConfig().world_size == 1
     assert ParallelConfig(tensor_parallel_size=2).world_size == 2
     assert ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2).world_size == 4
-    with pytest.raises(ValueError, match="pipeline_parallel_size=2 runs on the 'mp' "):
-        ParallelConfig(pipeline_parallel_size=2, distributed_executor_backend="ray")
+    assert ParallelConfig(pipeline_parallel_size=2, distributed_executor_backend="ray").world_size == 2
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2 needs 'mp' or 'ray'"):
+        ParallelConfig(pipeline_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="pipeline_parallel_size"):
         ParallelConfig(pipeline_parallel_size=0)
     with pytest.raises(ValueError, match="tensor_parallel_size"):

@@ -383,9 +383,6 @@ class ParallelConfig:
             raise ValueError(f"distributed_executor_backend='uni' runs one rank; "
                              f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
                              f"{self.pipeline_parallel_size} needs 'mp' or 'ray'")
-        if backend == "ray" and self.pipeline_parallel_size > 1:
-            raise ValueError(f"pipeline_parallel_size={self.pipeline_parallel_size} runs on the 'mp' "
-                             f"distributed_executor_backend only; with 'ray' the allowed value is 1")
 
     @property
     def world_size(self) -> int:

@@ -154,11 +154,12 @@ def local_ray_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
 
 
 def _run_in_netns(scenario: str, model: Path, out_path: Path, engine_kwargs: dict,
-                  num_gpus: int | None, timeout: float) -> dict:
-    """`scenario` (a function of this module) in a child in new network and PID namespaces,
-    next to a Ray head of 3 CPUs and `num_gpus` GPUs started with `ray start` on 127.0.0.1, or
-    with no Ray running when `num_gpus` is None."""
-    code = (f"import json, sys; from test_v100.executor.test_ray_executor import {scenario}; "
+                  num_gpus: int | None, timeout: float,
+                  module: str = "test_v100.executor.test_ray_executor") -> dict:
+    """`scenario` (a function of `module`, this one by default) in a child in new network and PID
+    namespaces, next to a Ray head of 3 CPUs and `num_gpus` GPUs started with `ray start` on
+    127.0.0.1, or with no Ray running when `num_gpus` is None."""
+    code = (f"import json, sys; from {module} import {scenario}; "
             f"{scenario}(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))")
     ray_tmp = tempfile.mkdtemp(prefix="vvray")  # short: Ray's socket paths must stay < 108 chars
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",

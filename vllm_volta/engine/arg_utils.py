@@ -54,8 +54,8 @@ _HELP = {
                         "the host's per-step work; outputs come one step later)",
     "tensor_parallel_size": "number of GPUs to split the model over (tensor parallelism)",
     "pipeline_parallel_size": "number of pipeline stages, each holding consecutive decoder layers on "
-                              "its own tensor_parallel_size GPUs (mp backend; VLLM_PP_LAYER_PARTITION="
-                              "5,3 sets the layers per stage)",
+                              "its own tensor_parallel_size GPUs (VLLM_PP_LAYER_PARTITION=5,3 sets the "
+                              "layers per stage)",
     "distributed_executor_backend": "how tensor-parallel ranks start: mp (processes on this "
                                     "node, the default) or ray (Ray actors on the nodes of a "
                                     "Ray cluster; pip install -e \".[ray]\")",

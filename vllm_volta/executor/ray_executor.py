@@ -1,4 +1,5 @@
-"""RayExecutor: tensor parallelism with one Ray actor per device, on any node of a Ray cluster.
+"""RayExecutor: tensor and pipeline parallelism with one Ray actor per device, on any node of a
+Ray cluster.
 
 `--distributed-executor-backend ray`. The engine process connects to the Ray cluster the user
 started (`ray start --head` / `ray start --address`), or starts a local Ray instance when none
@@ -6,9 +7,10 @@ is running. A placement group reserves one bundle per rank ({"GPU": 1} on GPUs, 
 CPUs); each bundle holds an actor that hosts one rank's Worker. The ranks meet in
 torch.distributed (NCCL on GPUs, gloo on CPUs) through a TCP store on rank 0's node, which is
 the engine's node when it has a bundle. All ranks are actors: the engine process holds no
-device. Rank 0 (the driver) samples and its output is the step's; it keeps copies of the
-requests, updated by deltas (ray_request_sync.py); the others get the slim schedule
-MultiprocExecutor sends its workers. Calls and answers are dataclasses (WorkerInit, DriverStep,
+device. Rank r is TP rank r % tp of pipeline stage r // tp (as in MultiprocExecutor). The
+sampling rank (rank 0, the driver, without pipeline parallelism; else TP rank 0 of the last
+stage) produces the step's output; it keeps copies of the requests, updated by deltas
+(ray_request_sync.py); the others get the slim schedule MultiprocExecutor sends its workers. Calls and answers are dataclasses (WorkerInit, DriverStep,
 SchedulerOutput, ModelRunnerOutput), pickled by Ray.
 """
 from __future__ import annotations
@@ -35,16 +37,18 @@ _FAILURE_GRACE_S = 1.0
 
 
 class _RayPending:
-    """A step launched on every rank; result() waits for all of them and returns rank 0's."""
+    """A step launched on every rank; result() waits for all of them and returns the sampling
+    rank's answer."""
 
-    def __init__(self, collect: Callable[[], list[Any]]) -> None:
+    def __init__(self, collect: Callable[[], list[Any]], sampler: int = 0) -> None:
         self._collect: Callable[[], list[Any]] | None = collect
+        self._sampler = sampler
         self._output: ModelRunnerOutput | None = None
 
     def result(self) -> ModelRunnerOutput:
         if self._collect is not None:
             collect, self._collect = self._collect, None
-            self._output = collect()[0]
+            self._output = collect()[self._sampler]
         return self._output
 
 
@@ -58,6 +62,8 @@ class RayExecutor(Executor):
         self._ray = ray = import_ray()
         pc = self.vllm_config.parallel_config
         self.world_size = pc.world_size
+        # The rank that samples: TP rank 0 of the last pipeline stage (Worker.sampler_rank).
+        self._sampler = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
         self.workers: list[Any] = []  # actor handles, by rank
         self._ranks_ips: list[str] = []
         self._broken: str | None = None  # why the group can no longer run a step
@@ -144,13 +150,14 @@ class RayExecutor(Executor):
     # ---- calls on every rank ------------------------------------------------------
     def _submit(self, method: str, per_rank_args: list[tuple],
                 driver_method: str | None = None) -> list[Any]:
-        """Call `method` on every rank (`driver_method` on rank 0 when given)."""
+        """Call `method` on every rank (`driver_method` on the sampling rank when given)."""
         if not self.workers:
             raise RuntimeError("the engine has been shut down; build a new one")
         if self._broken is not None:
             raise RuntimeError(f"tensor-parallel worker failure: the group is broken "
                                f"({self._broken}); build a new engine")
-        methods = [driver_method or method] + [method] * (self.world_size - 1)
+        methods = [method] * self.world_size
+        methods[self._sampler] = driver_method or method
         return [getattr(w, m).remote(*args)
                 for w, m, args in zip(self.workers, methods, per_rank_args)]
 
@@ -195,8 +202,8 @@ class RayExecutor(Executor):
                            f"{type(e).__name__} {first_line}")
             except ray.exceptions.RayTaskError as e:
                 failed[r] = e.cause if e.cause is not None else e
-        if not dead and list(failed) == [0] and all_answered and method == "execute_model":
-            return failed[0]
+        if not dead and list(failed) == [self._sampler] and all_answered and method == "execute_model":
+            return failed[self._sampler]
         self._broken = (f"rank(s) {sorted(dead)} died" if dead
                         else f"rank(s) {sorted(failed)} failed")
         parts = [dead[r] for r in sorted(dead)] + [
@@ -228,15 +235,14 @@ class RayExecutor(Executor):
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> _RayPending:
         """Launch a step on every rank; the engine may schedule (and launch) the next step
         before reading this one (each actor runs its steps in launch order)."""
-        slim = (slim_scheduler_output(scheduler_output),)
+        args = [(slim_scheduler_output(scheduler_output),)] * self.world_size
         try:
-            refs = self._submit("execute_model",
-                                [(self._encoder.encode(scheduler_output),)]
-                                + [slim] * (self.world_size - 1), "execute_driver_step")
+            args[self._sampler] = (self._encoder.encode(scheduler_output),)
+            refs = self._submit("execute_model", args, "execute_driver_step")
         except BaseException:
             self._encoder.reset()
             raise
-        return _RayPending(lambda: self._collect_step(refs))
+        return _RayPending(lambda: self._collect_step(refs), self._sampler)
 
     def _collect_step(self, refs: list[Any]) -> list[Any]:
         try:

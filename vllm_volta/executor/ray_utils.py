@@ -25,8 +25,8 @@ RAY_INSTALL_HINT = 'pip install -e ".[ray]"'
 
 # Environment a rank must see as the engine does, wherever Ray starts it. OMP_NUM_THREADS: Ray
 # gives a CPU rank's actor one thread per reserved CPU (one) unless told otherwise.
-_FORWARDED_ENV_PREFIXES = ("VLLM_VOLTA_", "NCCL_", "GLOO_", "HF_", "TRANSFORMERS_", "TORCH_",
-                           "OMP_")
+_FORWARDED_ENV_PREFIXES = ("VLLM_VOLTA_", "VLLM_PP_", "NCCL_", "GLOO_", "HF_", "TRANSFORMERS_",
+                           "TORCH_", "OMP_")
 
 
 def import_ray() -> Any:
@@ -117,7 +117,7 @@ class RayWorker(Worker):
         if world_size > 1:
             self._init_distributed(distributed_init_method)
         torch.manual_seed(vllm_config.model_config.seed)
-        self.model_runner = ModelRunner(vllm_config, self.device, is_driver=rank == 0)
+        self.model_runner = ModelRunner(vllm_config, self.device, is_driver=rank == self.sampler_rank)
 
 
 class RayWorkerActor:
