@@ -1,7 +1,10 @@
 """Bandwidth of the paged-attention decode kernel (torch.ops._C.paged_attention_decode).
 
     python benchmarks/kernels/benchmark_paged_attention.py --batch-size 64 --context-len 4096 \\
-        --num-kv-heads 8 --num-heads 32 --head-size 128 --dtype half
+        --num-kv-heads 8 --num-heads 32 --head-size 128 --dtype half --kv-cache-dtype auto fp8
+
+--kv-cache-dtype takes one or more of auto (the cache in --dtype), fp8 / fp8_e4m3, fp8_e5m2: each
+is timed on the same shape and launch, and FP8 runs report their speedup over auto.
 
 Every sequence has --context-len cached tokens spread over random blocks; one decode step reads
 the whole K and V context once. Bytes per call = K + V context (+ queries and outputs);
@@ -26,6 +29,7 @@ import torch  # noqa: E402
 from benchmarks.kernels.kernel_timing import time_per_call_graphed  # noqa: E402
 from benchmarks.utils import device_info, log, measure_copy_bandwidth, parse_dtype, require_cuda, run_and_emit  # noqa: E402
 from vllm_volta import _custom_ops as ops  # noqa: E402
+from vllm_volta.attention.kv_cache_dtype import KV_CACHE_DTYPES, kv_cache_torch_dtype  # noqa: E402
 from vllm_volta.attention.backends.paged_decode_launch import context_bucket, default_launch_config  # noqa: E402
 
 TARGET_FRACTION = 0.75
@@ -63,6 +67,9 @@ def make_decode_inputs(args: argparse.Namespace, batch_size: int, device: torch.
     num_blocks = batch_size * blocks_per_seq + 1
     kv_cache = torch.randn(2, num_blocks, args.block_size, args.num_kv_heads, args.head_size,
                            dtype=dtype, device=device)
+    cache_dtype = _cache_dtype(args)
+    if cache_dtype != dtype:  # an FP8 cache: the values as the cache write would round them
+        kv_cache = kv_cache.to(cache_dtype)
     table = torch.zeros(batch_size, math.ceil(args.max_seq_len / args.block_size), dtype=torch.int32,
                         device=device)
     used = torch.randperm(num_blocks - 1, device=device)[: batch_size * blocks_per_seq] + 1
@@ -76,12 +83,17 @@ def make_decode_inputs(args: argparse.Namespace, batch_size: int, device: torch.
     )
 
 
+def _cache_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The cache's dtype for this run (``args.kv_cache_dtype``: one value; "auto" when unset)."""
+    return kv_cache_torch_dtype(getattr(args, "kv_cache_dtype", "auto"), parse_dtype(args.dtype))
+
+
 def bytes_per_call(args: argparse.Namespace, batch_size: int) -> int:
     """Bytes a call must move: the keys / values it attends (the last --sliding-window tokens with
     a window) and the queries / outputs."""
     elt = parse_dtype(args.dtype).itemsize
     tokens = min(args.context_len, getattr(args, "sliding_window", None) or args.context_len)
-    kv = 2 * batch_size * tokens * args.num_kv_heads * args.head_size * elt
+    kv = 2 * batch_size * tokens * args.num_kv_heads * args.head_size * _cache_dtype(args).itemsize
     return kv + 2 * batch_size * args.num_heads * args.head_size * elt
 
 
@@ -93,7 +105,8 @@ def time_decode(inputs: dict[str, Any], args: argparse.Namespace, launch: dict[s
         ops.paged_attention_decode(inputs["out"], inputs["query"], inputs["kv_cache"], inputs["block_table"],
                                    inputs["seq_lens"], 1.0 / math.sqrt(args.head_size), args.max_seq_len,
                                    launch["partition_size"], launch["num_threads"],
-                                   getattr(args, "sliding_window", None), getattr(args, "logits_soft_cap", None))
+                                   getattr(args, "sliding_window", None), getattr(args, "logits_soft_cap", None),
+                                   k_scale=1.0, v_scale=1.0)
 
     return time_per_call_graphed(call, device, iters=args.iters)
 
@@ -126,6 +139,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sliding-window", type=int, default=None,
                    help="attend to the last N tokens only (Mistral, Gemma 2 / 3 layers)")
     p.add_argument("--logits-soft-cap", type=float, default=None, help="attention-logit soft cap (Gemma 2)")
+    p.add_argument("--kv-cache-dtype", nargs="+", default=["auto"], choices=KV_CACHE_DTYPES,
+                   help="cache element types to time side by side (auto: --dtype; FP8 runs also report "
+                        "their speedup over auto)")
     p.add_argument("--copy-bytes", type=int, default=1 << 30)
     p.add_argument("--output-json", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -136,15 +152,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Times each --kv-cache-dtype on the same shape and launch; the JSON's top-level figures are
+    the first one's, ``runs`` has every one (FP8: ``speedup_vs_auto`` when auto ran too)."""
     device = require_cuda("benchmark_paged_attention")
     copy_bw = measure_copy_bandwidth(device, args.copy_bytes)["bandwidth_bytes_per_s"]
     launch, source = launch_config(args, device)
-    inputs = make_decode_inputs(args, args.batch_size, device)
-    seconds = time_decode(inputs, args, launch, device)
-    nbytes = bytes_per_call(args, args.batch_size)
-    bw = nbytes / seconds
-    log(f"paged decode: {seconds * 1e6:.1f} us, {bw / 1e9:.0f} GB/s = {bw / copy_bw:.1%} of copy "
-        f"({copy_bw / 1e9:.0f} GB/s), launch {launch} ({source})")
+    runs = []
+    for kv_dtype in dict.fromkeys(args.kv_cache_dtype):
+        one = argparse.Namespace(**{**vars(args), "kv_cache_dtype": kv_dtype})
+        inputs = make_decode_inputs(one, args.batch_size, device)
+        seconds = time_decode(inputs, one, launch, device)
+        del inputs
+        nbytes = bytes_per_call(one, args.batch_size)
+        runs.append({"kv_cache_dtype": kv_dtype, "seconds_per_call": seconds, "bytes_per_call": nbytes,
+                     "bandwidth_bytes_per_s": nbytes / seconds, "fraction_of_copy_bandwidth": nbytes / seconds / copy_bw})
+    auto = next((r["seconds_per_call"] for r in runs if r["kv_cache_dtype"] == "auto"), None)
+    for r in runs:
+        if auto is not None and r["kv_cache_dtype"] != "auto":
+            r["speedup_vs_auto"] = auto / r["seconds_per_call"]
+        log(f"paged decode, KV cache {r['kv_cache_dtype']}: {r['seconds_per_call'] * 1e6:.1f} us, "
+            f"{r['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s = {r['fraction_of_copy_bandwidth']:.1%} of copy "
+            f"({copy_bw / 1e9:.0f} GB/s), launch {launch} ({source})"
+            + (f", {r['speedup_vs_auto']:.2f}x auto's speed" if "speedup_vs_auto" in r else ""))
+    seconds, nbytes, bw = runs[0]["seconds_per_call"], runs[0]["bytes_per_call"], runs[0]["bandwidth_bytes_per_s"]
     return {"benchmark": "kernels/paged_attention_decode", "device_info": device_info(),
             "batch_size": args.batch_size, "context_len": args.context_len, "max_seq_len": args.max_seq_len,
             "num_heads": args.num_heads,
@@ -153,7 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "logits_soft_cap": args.logits_soft_cap, "launch_config": launch, "launch_config_source": source,
             "seconds_per_call": seconds, "bytes_per_call": nbytes, "bandwidth_bytes_per_s": bw,
             "copy_bandwidth_bytes_per_s": copy_bw, "fraction_of_copy_bandwidth": bw / copy_bw,
-            "target_met": bw / copy_bw >= TARGET_FRACTION}
+            "target_met": bw / copy_bw >= TARGET_FRACTION, "kv_cache_dtype": runs[0]["kv_cache_dtype"],
+            "runs": runs}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -71,10 +71,11 @@ __device__ __forceinline__ unsigned fp8x2_to_raw_half2(unsigned w) {
   if constexpr (!Fmt::kE4M3) {
     return t;
   } else {
-    const unsigned mag = (t & 0x7F007F00u) >> 1;  // exponent + mantissa into FP16's fields
-    // 0x7F / 0xFF are e4m3fn's NaNs (the format has no infinities): make them FP16 NaNs.
-    const unsigned nan = __vcmpeq2(mag, 0x3F803F80u) & 0x7E007E00u;
-    return (t & 0x80008000u) | mag | nan;
+    const unsigned a = t & 0x7F007F00u;  // exponent + mantissa, to go 1 bit down into FP16's fields
+    // 0x7F / 0xFF are e4m3fn's NaNs (the format has no infinities): +0x0100 carries into bit 15 of
+    // exactly those halves (never across), which then get FP16's all-ones exponent.
+    const unsigned nan = (((a + 0x01000100u) >> 15) & 0x00010001u) * 0x7C00u;
+    return (t & 0x80008000u) | (a >> 1) | nan;
   }
 }
 
