@@ -55,14 +55,16 @@ def candidates(m: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if m <= 8:
         out += [{"kernel": "gemv", "rows_per_warp": r} for r in (1, 2, 4) if m <= 4 or r <= 2]
-    if m >= 8:
+    # FP32 partials cost splits x M x N x 4 bytes: long inputs take few splits
+    splits = (1, 2, 4, 8) if m <= 64 else (1, 2) if m <= 256 else (1,)
+    if m >= 2:  # the GEMM pads to 16 rows; from a few rows it can beat gemv's x reads
         for bm in (16, 32, 64):
             if bm > 16 and bm >= 2 * m:  # a taller tile than the rows only wastes work
                 continue
             for bn in (32, 64, 128):
                 if (bm, bn) == (16, 32):
                     continue
-                out += [{"kernel": "gemm", "block_m": bm, "block_n": bn, "splits": s} for s in (1, 2, 4, 8)]
+                out += [{"kernel": "gemm", "block_m": bm, "block_n": bn, "splits": s} for s in splits]
     if m >= 64:
         out.append({"kernel": "dense"})
     return out

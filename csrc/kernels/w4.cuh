@@ -22,9 +22,11 @@ namespace vllm_volta {
 
 constexpr int kW4MaxGemvRows = 8;
 constexpr int kW4GemvWarps = 4;
-// 16-byte weight loads a lane has in flight: R rows x (4 / R) chunks per iteration, the next
-// iteration's issued before this one's math (a 4096-long row is one iteration at R = 1).
-constexpr int kW4GemvLoads = 4;
+// 16-byte weight loads a lane has in flight: R rows x (8 / R) chunks per iteration, the next
+// iteration's issued before this one's math (4096-long rows take one iteration at R <= 2).
+// x comes through L1: a warp's 16-byte loads of x are 64 bytes apart (one chunk per lane), so
+// more rows per warp (R) mean fewer L1 wavefronts per weight.
+constexpr int kW4GemvLoads = 8;
 
 __device__ __forceinline__ __half2 w4_bits_as_half2(unsigned v) {
   __half2 h;

@@ -64,7 +64,7 @@ def test_supported_shapes():
     assert group_shift(4096, 128) == 2 and group_shift(4096, 32) == 0 and group_shift(4096, 4096) == 31
 
 
-@pytest.mark.parametrize("rows,kernel", [(1, "gemv"), (8, "gemv"), (9, "gemm"), (16, "gemm"), (256, "gemm"),
+@pytest.mark.parametrize("rows,kernel", [(1, "gemv"), (4, "gemv"), (5, "gemm"), (16, "gemm"), (256, "gemm"),
                                          (257, "dense"), (8192, "dense")])
 def test_default_dispatch_by_row_count(rows, kernel):
     config = w4_linear.default_config(rows, 4096, 4096, num_sms=132)

@@ -1,7 +1,7 @@
 """x W for 4-bit layers on a GPU: the checkpoint's tensors repacked once into the K-major layout
 (w4_layout.py), then per call a kernel chosen by the number of input rows:
 
-- ``gemv`` (1-8 rows, decode): ``w4_gemv``, one pass over the packed weight;
+- ``gemv`` (1-8 rows, decode; 1-4 by default): ``w4_gemv``, one pass over the packed weight;
 - ``gemm`` (tensor cores, WMMA FP16 / FP32 accumulation, up to ``GEMM_MAX_ROWS`` by default):
   ``w4_gemm`` with a (block_m, block_n, splits) tile;
 - ``dense`` (prefill): ``w4_dequantize`` to W^T in float16, then one cuBLAS GEMM.
@@ -32,7 +32,8 @@ from vllm_volta.model_executor.layers.quantization.w4_layout import repack_awq, 
 logger = init_logger(__name__)
 
 OP = "w4a16_linear"
-GEMV_MAX_ROWS = 8
+GEMV_MAX_ROWS = 8  # w4_gemv's limit
+DEFAULT_GEMV_ROWS = 4  # without a tuned file: w4_gemv up to here, w4_gemm above
 GEMM_MAX_ROWS = 256
 KERNELS = ("gemv", "gemm", "dense")
 _BLOCK_M = (16, 32, 64)
@@ -115,12 +116,16 @@ def note_loaded(layer: nn.Module, role: str, shard: tuple[Any, ...], roles: tupl
 
 
 def default_config(rows: int, n: int, k: int, num_sms: int) -> dict[str, Any]:
-    """The launch used without a tuned file: gemv up to 8 rows, the tensor-core GEMM up to
-    GEMM_MAX_ROWS (a tile for the rows, split along K until the grid covers the SMs twice),
-    dequantize + cuBLAS above."""
-    if rows <= GEMV_MAX_ROWS:
-        # more rows per warp reuse x from registers; fewer give small layers enough warps
-        return {"kernel": "gemv", "rows_per_warp": 2 if n >= 8192 else 1}
+    """The launch used without a tuned file: gemv up to DEFAULT_GEMV_ROWS rows, the tensor-core
+    GEMM up to GEMM_MAX_ROWS (a tile for the rows, split along K until the grid covers the SMs
+    twice), dequantize + cuBLAS above.
+
+    gemv reads x through L1 with 64-byte strides between lanes, 4 wavefronts of x per row of x
+    and weight chunk: 4 rows per warp keep that below the weights' bytes at 1-2 input rows, while
+    from ~4 rows the GEMM's shared-memory tiles (x read once per block, padded to 16 rows) move
+    fewer bytes per weight."""
+    if rows <= DEFAULT_GEMV_ROWS:
+        return {"kernel": "gemv", "rows_per_warp": 4}
     if rows > GEMM_MAX_ROWS:
         return {"kernel": "dense"}
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
@@ -190,9 +195,7 @@ def w4_matmul(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None,
     else:
         if config is None:
             config = w.configs.get(m) or w.configs.setdefault(m, choose_config(m, w, x.device))
-        info_once(logger, "4-bit linear layers: w4_gemv up to %d rows, w4_gemm (tensor cores) above, "
-                  "w4_dequantize + cuBLAS for long inputs (tuned %s configs where present)",
-                  GEMV_MAX_ROWS, OP)
+        info_once(logger, "4-bit linear layers: %s", kernel_path_text())
         rows = rows.contiguous()
         kernel = config["kernel"]
         if kernel == "gemv":
@@ -219,6 +222,6 @@ def dense_weight_t(w: W4Weights) -> torch.Tensor:
 
 
 def kernel_path_text() -> str:
-    return (f"w4_gemv up to {GEMV_MAX_ROWS} rows, w4_gemm (WMMA tensor cores) up to {GEMM_MAX_ROWS}, "
-            f"w4_dequantize + cuBLAS above, on weights repacked K-major at the first call (tuned {OP} "
-            "configs where present)")
+    return (f"w4_gemv up to {DEFAULT_GEMV_ROWS} rows, w4_gemm (WMMA tensor cores) up to {GEMM_MAX_ROWS}, "
+            f"w4_dequantize + cuBLAS above, on weights repacked K-major at load (tuned {OP} configs, "
+            "where present, choose per row count)")
