@@ -81,9 +81,18 @@ inline Fp8WeightArgs check_fp8_linear_args(const char* op, const Tensor& out, co
   return a;
 }
 
+// fp8_gemv's rows_per_block: 0 (automatic), 2, 4 or 8 (8: up to 2 input rows; more would not fit
+// the registers).
 inline Fp8WeightArgs check_fp8_gemv_args(const Tensor& out, const Tensor& input, const Tensor& weight,
-                                         const Tensor& scales, int64_t group_k, const std::optional<Tensor>& bias) {
-  return check_fp8_linear_args("fp8_gemv", out, input, weight, scales, group_k, bias, kFp8MaxGemvRows);
+                                         const Tensor& scales, int64_t group_k, const std::optional<Tensor>& bias,
+                                         int64_t rows_per_block) {
+  const char* op = "fp8_gemv";
+  const Fp8WeightArgs a = check_fp8_linear_args(op, out, input, weight, scales, group_k, bias, kFp8MaxGemvRows);
+  VLLM_VOLTA_CHECK(rows_per_block == 0 || rows_per_block == 2 || rows_per_block == 4 ||
+                      (rows_per_block == 8 && input.size(0) <= 2),
+                  op, ": 'rows_per_block' must be 0 (automatic), 2, 4 or 8 (8: up to 2 input rows), got ",
+                  rows_per_block, " for ", input.size(0), " rows");
+  return a;
 }
 
 inline Fp8WeightArgs check_fp8_gemm_args(const Tensor& out, const Tensor& input, const Tensor& weight,

@@ -53,9 +53,10 @@ void dispatch_fp8_rows(int64_t m, F&& f) {
 
 }  // namespace
 
-void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias) {
+void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
+              int64_t rows_per_block) {
   const char* op = "fp8_gemv";
-  const Fp8WeightArgs a = check_fp8_gemv_args(out, input, weight, scales, group_k, bias);
+  const Fp8WeightArgs a = check_fp8_gemv_args(out, input, weight, scales, group_k, bias, rows_per_block);
   check_cuda(op, "weight", weight);
   VLLM_VOLTA_CHECK(is_aligned16(input.data_ptr()) && is_aligned16(weight.data_ptr()), op,
                   ": 'input' and 'weight' must be 16-byte aligned");
@@ -69,17 +70,25 @@ void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t gr
     using T = typename decltype(t_tag)::type;
     dispatch_fp8_rows(m, [&](auto m_tag) {
       constexpr int M = decltype(m_tag)::value;
-      // Rows per block: 8 loads in flight per thread for 1-2 input rows; 4 from 3 rows, whose
-      // converted weights stay in registers while the input rows stream past them.
-      constexpr int R = M <= 2 ? 8 : 4;
-      launch_kernel(fp8_gemv_kernel<T, M, R>, dim3(static_cast<unsigned>(ceil_div(a.n, R))), dim3(threads), 0,
-                    stream, pdl, static_cast<T*>(out.data_ptr()), m > 1 ? out.stride(0) : a.n,
-                    static_cast<const T*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
-                    static_cast<const unsigned char*>(weight.data_ptr()),
-                    static_cast<const float*>(scales.data_ptr()), static_cast<int>(a.groups),
-                    static_cast<int>(a.group_k / kFp8VecWeights),
-                    bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr, static_cast<int>(a.n),
-                    static_cast<int>(a.k));
+      auto launch = [&](auto r_tag) {
+        constexpr int R = decltype(r_tag)::value;
+        launch_kernel(fp8_gemv_kernel<T, M, R>, dim3(static_cast<unsigned>(ceil_div(a.n, R))), dim3(threads), 0,
+                      stream, pdl, static_cast<T*>(out.data_ptr()), m > 1 ? out.stride(0) : a.n,
+                      static_cast<const T*>(input.data_ptr()), m > 1 ? input.stride(0) : a.k,
+                      static_cast<const unsigned char*>(weight.data_ptr()),
+                      static_cast<const float*>(scales.data_ptr()), static_cast<int>(a.groups),
+                      static_cast<int>(a.group_k / kFp8VecWeights),
+                      bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr, static_cast<int>(a.n),
+                      static_cast<int>(a.k));
+      };
+      // Automatic: 8 rows (8 loads in flight per thread) for 1-2 input rows; 4 from 3 rows, whose
+      // converted weights stay in registers while the input rows stream past them (8 would spill).
+      const int64_t r = rows_per_block != 0 ? rows_per_block : M <= 2 ? 8 : 4;
+      if (r == 2) return launch(IntTag<2>{});
+      if constexpr (M <= 2) {
+        if (r == 8) return launch(IntTag<8>{});
+      }
+      launch(IntTag<4>{});
     });
   });
   check_launch(op);

@@ -54,7 +54,7 @@ void meta_w4_gemv(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t r
 void meta_w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t block_m, int64_t block_n,
                   int64_t splits);
 void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
-                   std::optional<Tensor> bias);
+                   std::optional<Tensor> bias, int64_t rows_per_block);
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 void meta_fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
                    std::optional<Tensor> bias, int64_t split_k);
@@ -140,7 +140,8 @@ void w4_gemv(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t rows_p
 void w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t block_m, int64_t block_n, int64_t splits);
 
 // ---- FP8 e4m3fn weights converted in registers, float16, Volta-safe, CUDA in every build (csrc/fp8_kernels.cu) ----
-void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias);
+void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
+              int64_t rows_per_block);
 void fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k);
 void fp8_gemm(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
               int64_t split_k);

@@ -110,8 +110,8 @@ void meta_w4_gemm(Tensor out, Tensor input, Tensor qweight, Tensor sz, int64_t b
   check_w4_gemm_args(out, input, qweight, sz, block_m, block_n, splits);
 }
 void meta_fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k,
-                   std::optional<Tensor> bias) {
-  check_fp8_gemv_args(out, input, weight, scales, group_k, bias);
+                   std::optional<Tensor> bias, int64_t rows_per_block) {
+  check_fp8_gemv_args(out, input, weight, scales, group_k, bias, rows_per_block);
 }
 void meta_fp8_dequantize(Tensor out, Tensor weight, Tensor scales, int64_t group_k) {
   check_fp8_dequantize_args(out, weight, scales, group_k);
@@ -270,7 +270,8 @@ STABLE_TORCH_LIBRARY(_C, m) {
   m.def("w4_gemm(Tensor! out, Tensor input, Tensor qweight, Tensor sz, int block_m, int block_n, int splits) -> ()");
   // FP8 e4m3fn weights [N, K] with float32 scales [N, G] (one per row and group_k inputs, or G = 1):
   // out [M, N] = input [M, K] @ W^T (+ bias) for 1 <= M <= 8; out [N, K] = W. float16 (bfloat16 on SM80+).
-  m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None) -> ()");
+  m.def("fp8_gemv(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None, "
+        "int rows_per_block=0) -> ()");
   m.def("fp8_dequantize(Tensor! out, Tensor weight, Tensor scales, int group_k) -> ()");
   // The same product for any M on tensor cores (16-bit MMAs, FP32 accumulation); split_k 0: automatic.
   m.def("fp8_gemm(Tensor! out, Tensor input, Tensor weight, Tensor scales, int group_k, Tensor? bias=None, "

@@ -285,11 +285,12 @@ def w4_gemm(out: torch.Tensor, input: torch.Tensor, qweight: torch.Tensor, sz: t
 
 
 def fp8_gemv(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int,
-             bias: torch.Tensor | None = None) -> None:
+             bias: torch.Tensor | None = None, rows_per_block: int = 0) -> None:
     """out [M, N] <- input [M, K] @ W^T (+ bias) for 1 <= M <= 8 rows (decode), float16 (bfloat16 on
     SM80+), W = weight float8_e4m3fn [N, K] times scales float32 [N, ceil(K / group_k)] (or [N, 1]),
-    converted in registers (layers/quantization/fp8.py). CUDA only."""
-    torch.ops._C.fp8_gemv(out, input, weight, scales, group_k, bias)
+    converted in registers (layers/quantization/fp8.py); ``rows_per_block`` weight rows a block (0:
+    automatic, 2, 4, or 8 for up to 2 input rows). CUDA only."""
+    torch.ops._C.fp8_gemv(out, input, weight, scales, group_k, bias, rows_per_block)
 
 
 def fp8_dequantize(out: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_k: int) -> None:

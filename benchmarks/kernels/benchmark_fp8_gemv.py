@@ -12,8 +12,10 @@ enough distinct weights to exceed the L2 cache (DRAM-bound, as in a decode step)
 microseconds per call, weight bytes read per second (FP8: the bytes plus the scales; float16: two
 bytes a weight) and that as a fraction of the device-to-device copy bandwidth measured in the same
 run, and per M the whole layer's sum and the FP8 speedup over float16. ``fp8_sm70`` is the layers'
-automatic choice; above 8 rows ``fp8_gemm`` and ``fp8_dequant_cublas`` are both timed (where the
-layers switch from one to the other: fp8_sm70.GEMM_MAX_ROWS). On an SM89+ GPU the W8A8 Triton GEMM
+automatic choice; up to 8 rows ``fp8_gemv_r{2,4,8}`` time the GEMV at each rows_per_block (8: up to 2
+input rows; the automatic choice is 8 there, else 4); above 8 rows ``fp8_gemm`` and
+``fp8_dequant_cublas`` are both timed (where the layers switch from one to the other:
+fp8_sm70.GEMM_MAX_ROWS). On an SM89+ GPU the W8A8 Triton GEMM
 (what those GPUs run for checkpoints with FP8 activations) is timed too.
 """
 from __future__ import annotations
@@ -91,9 +93,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "fp8_sm70": (fp8_bytes, [lambda w=w, s=s: fp8_w8a16_linear(x, w, s, GROUP, None)
                                          for w, s in fp8_sets]),
             }
-            if m > 8:
-                out = torch.empty(m, n, dtype=torch.float16, device=device)
-
+            out = torch.empty(m, n, dtype=torch.float16, device=device)
+            if m <= 8:
+                for rows in (2, 4, 8) if m <= 2 else (2, 4):
+                    impls[f"fp8_gemv_r{rows}"] = (fp8_bytes, [
+                        lambda w=w, s=s, rows=rows: ops.fp8_gemv(out, x, w, s, GROUP, None, rows) for w, s in fp8_sets])
+            else:
                 def dequant_cublas(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
                     dense = torch.empty(n, k, dtype=torch.float16, device=device)
                     ops.fp8_dequantize(dense, w, s, GROUP)

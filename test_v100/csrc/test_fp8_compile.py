@@ -13,11 +13,11 @@ import pytest
 
 from .compile_utils import CSRC, find_cuda_home, load_nvrtc_12, nvrtc_compile
 
-# The launcher's instances (csrc/fp8_kernels.cu): 8 rows per block for 1-2 input rows, else 4.
+# The launcher's instances (csrc/fp8_kernels.cu): 2, 4 or 8 weight rows per block (8: 1-2 input rows).
 TYPES = ("__half", "__nv_bfloat16")
 UNITS = {
-    "kernels/fp8_gemv.cuh": [f"&vllm_volta::fp8_gemv_kernel<{t}, {m}, {8 if m <= 2 else 4}>"
-                             for t in TYPES for m in range(1, 9)]
+    "kernels/fp8_gemv.cuh": [f"&vllm_volta::fp8_gemv_kernel<{t}, {m}, {r}>"
+                             for t in TYPES for m in range(1, 9) for r in ((2, 4, 8) if m <= 2 else (2, 4))]
                             + [f"&vllm_volta::fp8_dequantize_kernel<{t}>" for t in TYPES],
     "kernels/fp8_gemm.cuh": [f"&vllm_volta::fp8_gemm_kernel<{t}, {fm}>" for t in TYPES for fm in (1, 2, 4)]
                             + [f"&vllm_volta::fp8_gemm_reduce_kernel<{t}>" for t in TYPES],

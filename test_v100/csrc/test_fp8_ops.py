@@ -17,7 +17,8 @@ from vllm_volta.model_executor.layers.quantization.fp8_sm70 import fp8_w8a16_lin
 from .op_cases import requires_gpu
 
 FP8 = torch.float8_e4m3fn
-_BUILT = all(hasattr(torch.ops._C, op) for op in ("fp8_gemv", "fp8_gemm", "fp8_dequantize"))
+_BUILT = (all(hasattr(torch.ops._C, op) for op in ("fp8_gemv", "fp8_gemm", "fp8_dequantize"))
+          and "rows_per_block" in str(torch.ops._C.fp8_gemv.default._schema))
 requires_op = pytest.mark.skipif(not _BUILT, reason="vllm_volta._C was built before the FP8 ops (rebuild it)")
 
 
@@ -91,19 +92,22 @@ def test_dequantize_matches_float64(n, k, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows_per_block", [0, 2, 4, 8])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("kind,group", [("block", 128), ("block", 64), ("channel", 128), ("tensor", 128)])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", range(1, 9))
 @gpu
-def test_gemv_matches_float64(m, n, k, kind, group, bias, dtype):
+def test_gemv_matches_float64(m, n, k, kind, group, bias, rows_per_block, dtype):
     """FP32 sums of exact products: within one rounding of the output to the dtype."""
+    if rows_per_block == 8 and m > 2:
+        pytest.skip("8 weight rows a block take up to 2 input rows")
     gen = torch.Generator().manual_seed(m * 7 + n + k)
     weight, scales = random_fp8(n, k, gen), random_scales(kind, n, k, group, gen)
     x = torch.randn(m, k, generator=gen).to(dtype)
     b = torch.randn(n, generator=gen).to(dtype) if bias else None
     out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-    ops.fp8_gemv(out, x.cuda(), weight.cuda(), scales.cuda(), group, None if b is None else b.cuda())
+    ops.fp8_gemv(out, x.cuda(), weight.cuda(), scales.cuda(), group, None if b is None else b.cuda(), rows_per_block)
     want = x.double() @ dense64(weight, scales, group).t() + (0 if b is None else b.double())
     scale = want.abs().max().item()
     torch.testing.assert_close(out.double().cpu(), want, rtol=4 * ROUNDING[dtype], atol=2 * ROUNDING[dtype] * scale)
@@ -168,7 +172,7 @@ def test_opcheck():
     weight, scales = random_fp8(64, 256, gen).cuda(), random_scales("block", 64, 256, 128, gen).cuda()
     x = torch.randn(3, 256, generator=gen).half().cuda()
     torch.library.opcheck(torch.ops._C.fp8_gemv.default,
-                          (torch.empty(3, 64, dtype=torch.float16, device="cuda"), x, weight, scales, 128, None))
+                          (torch.empty(3, 64, dtype=torch.float16, device="cuda"), x, weight, scales, 128, None, 2))
     torch.library.opcheck(torch.ops._C.fp8_gemm.default,
                           (torch.empty(3, 64, dtype=torch.float16, device="cuda"), x, weight, scales, 128, None, 2))
     torch.library.opcheck(torch.ops._C.fp8_dequantize.default,
@@ -181,7 +185,7 @@ def _m(*shape, dtype=torch.float16):
 
 def _meta(**overrides):
     args = dict(out=_m(2, 64), input=_m(2, 256), weight=_m(64, 256, dtype=FP8), scales=_m(64, 2, dtype=torch.float32),
-                group_k=128, bias=None)
+                group_k=128, bias=None, rows_per_block=0)
     return args | overrides
 
 
@@ -199,6 +203,8 @@ BAD = [
     (dict(out=_m(2, 63)), "'out' must be [2, 64]"),
     (dict(bias=_m(64, dtype=torch.float32)), "'bias' has dtype float32 but 'input' has float16; they must match"),
     (dict(bias=_m(63)), "'bias' must be a contiguous 1-D tensor [64]"),
+    (dict(rows_per_block=3), "'rows_per_block' must be 0 (automatic), 2, 4 or 8 (8: up to 2 input rows), got 3"),
+    (dict(rows_per_block=8, input=_m(3, 256), out=_m(3, 64)), "'rows_per_block' must be 0 (automatic), 2, 4 or 8"),
 ]
 
 
@@ -210,6 +216,7 @@ def test_gemv_bad_input_is_a_clear_error(overrides, message):
     torch.ops._C.fp8_gemv(**_meta())  # the valid arguments pass
     torch.ops._C.fp8_gemv(**_meta(scales=_m(64, 1, dtype=torch.float32), group_k=16, bias=_m(64)))
     torch.ops._C.fp8_gemv(**_meta(input=_m(2, 256, dtype=torch.bfloat16), out=_m(2, 64, dtype=torch.bfloat16)))
+    torch.ops._C.fp8_gemv(**_meta(rows_per_block=8))
 
 
 @requires_op
@@ -225,6 +232,7 @@ def test_dequantize_bad_out_is_a_clear_error():
 @requires_op
 def test_gemm_bad_input_is_a_clear_error():
     args = _meta(input=_m(300, 256), out=_m(300, 64))
+    del args["rows_per_block"]
     torch.ops._C.fp8_gemm(**args, split_k=2)  # any number of rows
     with pytest.raises(RuntimeError, match=re.escape("fp8_gemm: 'split_k' must be 0 (automatic) or 1 to "
                                                      "ceil(K / 128) = 2, got 3")):

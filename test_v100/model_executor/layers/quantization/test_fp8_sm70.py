@@ -89,7 +89,7 @@ def _stand_in_kernels(monkeypatch, calls: list[str]) -> None:
         y = input.double() @ dense(weight, scales, group_k).t()
         out.copy_(y if bias is None else y + bias.double())
 
-    def fp8_gemv(out, input, weight, scales, group_k, bias):
+    def fp8_gemv(out, input, weight, scales, group_k, bias, rows_per_block=0):
         assert 1 <= input.shape[0] <= 8
         calls.append("gemv")
         product(out, input, weight, scales, group_k, bias)
