@@ -15,7 +15,7 @@ x W^T runs one of three paths (``fp8_kernel_path``):
   per-group scales, finer than one per tensor, are used;
 - other CUDA GPUs (V100 / T4 / A100) and weight-only checkpoints, in float16 (or bfloat16 on
   SM80+): W8A16 CUDA kernels that keep the weight in FP8 and convert it in registers (fp8_sm70.py);
-- elsewhere (the CPU, bfloat16, shapes the kernels do not take): W = weight * scales in the
+- elsewhere (the CPU, bfloat16 below SM80, shapes the kernels do not take): W = weight * scales in the
   activation dtype each call, then one GEMM (cuBLAS / the CPU's).
 A layer whose checkpoint ``weight`` is float (the ignore lists) becomes a dense layer as it loads.
 """

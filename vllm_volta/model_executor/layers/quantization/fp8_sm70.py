@@ -25,7 +25,8 @@ PATH_NAME = "FP8 weights kept in memory, converted in registers (SM70 kernels)"
 
 
 def sm70_kernels_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None when fp8_gemv / fp8_dequantize can serve layers on ``device`` in ``dtype``, else why not."""
+    """None when fp8_gemv / fp8_gemm / fp8_dequantize can serve layers on ``device`` in ``dtype``, else
+    why not."""
     if device.type != "cuda":
         return f"the FP8 CUDA kernels need a CUDA GPU (here {device.type})"
     if dtype not in (torch.float16, torch.bfloat16):
