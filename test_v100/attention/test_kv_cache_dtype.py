@@ -165,3 +165,15 @@ def test_scales_reach_the_layers_impls():
         "attention layers (1.0 for the others)")
     with pytest.raises(ValueError, match="no Attention layer at 'layers.5.self_attn'"):
         load_kv_scale(model, "layers.5.self_attn.k_scale", torch.tensor(1.0))
+
+
+def test_volta_paged_refuses_fp8_caches_of_float32_models():
+    from vllm_volta.attention.backends.volta_paged import VoltaPagedBackend
+    from vllm_volta.attention.kv_cache_dtype import check_backend_supports
+
+    check_backend_supports(VoltaPagedBackend, torch.float16, "fp8")
+    check_backend_supports(VoltaPagedBackend, torch.float32, "auto")
+    check_backend_supports(TorchSDPAImpl, torch.float32, "fp8")  # any backend without the limit
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8_e5m2' with the VOLTA_PAGED attention backend needs "
+                                         "dtype float16 or bfloat16, got float32"):
+        check_backend_supports(VoltaPagedBackend, torch.float32, "fp8_e5m2")

@@ -147,3 +147,13 @@ def describe_kv_scales(model: torch.nn.Module, kv_cache_dtype: str) -> str | Non
         if loaded < len(layers):
             where += " (1.0 for the others)"
     return f"KV cache dtype {kv_cache_dtype} ({fmt}, 1 byte per element): {where}"
+
+
+def check_backend_supports(backend: type | None, dtype: torch.dtype, kv_cache_dtype: str) -> None:
+    """ValueError where the attention backend cannot read an FP8 cache for this model dtype:
+    VOLTA_PAGED's FP8 decode kernels take float16 / bfloat16 queries only."""
+    name = getattr(backend, "name", None)
+    if kv_cache_dtype != "auto" and name == "VOLTA_PAGED" and dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} with the VOLTA_PAGED attention backend needs dtype "
+                         f"float16 or bfloat16, got {str(dtype).removeprefix('torch.')}; use --dtype half or "
+                         f"kv_cache_dtype='auto'")

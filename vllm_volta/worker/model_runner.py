@@ -142,7 +142,8 @@ class ModelRunner:
         from vllm_volta.model_executor.layers.expert_parallel import expert_parallel
         with expert_parallel(self.vllm_config.parallel_config.enable_expert_parallel):
             self.model = get_model(self.model_config, self.device, attn_backend=self.attn_backend)
-        from vllm_volta.attention.kv_cache_dtype import describe_kv_scales
+        from vllm_volta.attention.kv_cache_dtype import check_backend_supports, describe_kv_scales
+        check_backend_supports(self.attn_backend, self.dtype, self.vllm_config.cache_config.kv_cache_dtype)
         if (line := describe_kv_scales(self.model, self.vllm_config.cache_config.kv_cache_dtype)) and self.is_driver:
             logger.info(line)
 
