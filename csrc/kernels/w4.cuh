@@ -11,8 +11,10 @@
 //  w4_gemv_kernel<M, R>: out [M, N] = x [M, K] W for 1..8 rows, one pass: warp w of a block owns R
 //    consecutive output rows, its lanes stride along K (a warp reads 512 contiguous bytes of a
 //    row per load) with the next chunks' loads in flight during these chunks' math (issued
-//    before pdl_wait: the weights do not depend on the kernel before); products
-//    accumulate in half2 over one 32-value chunk (16 per half), then in FP32; a warp-shuffle sum.
+//    before pdl_wait: the weights do not depend on the kernel before). The block stages x one
+//    1024-k window at a time in shared memory (coalesced loads; conflict-free reads, where
+//    per-lane reads of x through L1 would touch 16 lines per 512 bytes). Products accumulate in
+//    half2 over one 32-value chunk (16 per half), then in FP32; a warp-shuffle sum.
 #pragma once
 
 #include "kernels/programmatic_launch.cuh"
@@ -24,8 +26,6 @@ constexpr int kW4MaxGemvRows = 8;
 constexpr int kW4GemvWarps = 4;
 // 16-byte weight loads a lane has in flight: R rows x (8 / R) chunks per iteration, the next
 // iteration's issued before this one's math (4096-long rows take one iteration at R <= 2).
-// x comes through L1: a warp's 16-byte loads of x are 64 bytes apart (one chunk per lane), so
-// more rows per warp (R) mean fewer L1 wavefronts per weight.
 constexpr int kW4GemvLoads = 8;
 
 __device__ __forceinline__ __half2 w4_bits_as_half2(unsigned v) {
@@ -84,13 +84,17 @@ __global__ void __launch_bounds__(32 * kW4GemvWarps)
     w4_gemv_kernel(__half* __restrict__ out, const __half* __restrict__ x, const uint4* __restrict__ qweight,
                    const __half2* __restrict__ sz, int n, int k, int groups, int group_shift) {
   constexpr int U = kW4GemvLoads / R;  // chunks per lane per iteration
+  constexpr int kThreads = 32 * kW4GemvWarps;
+  static_assert(kThreads == 4 * 32, "one x vector per thread stages a window");
+  // x of the block's current window (32 chunks = 1024 k), two windows alternating: vector j of
+  // chunk l of row m at xs[buf][m][j][l], so a warp's reads of one j are 512 contiguous bytes;
+  // rows of j padded by 32 bytes so the staging writes (4 j x 2 chunks per 8 lanes) hit
+  // distinct banks too.
+  __shared__ __align__(16) uint4 xs[2][M][4][34];
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kW4GemvWarps + threadIdx.x / 32) * R;
-  if (row0 >= n) {
-    pdl_wait();
-    return;
-  }
+  const bool live = row0 < n;  // a warp past N still stages x and meets the barriers
   const int chunks = k / 32;
   const uint4* rows[R];
   const __half2* row_sz[R];
@@ -106,7 +110,8 @@ __global__ void __launch_bounds__(32 * kW4GemvWarps)
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int r = 0; r < R; ++r) next[u][r] = c0 + 32 * u < chunks ? __ldg(rows[r] + c0 + 32 * u) : zero4;
+      for (int r = 0; r < R; ++r)
+        next[u][r] = live && c0 + 32 * u < chunks ? __ldg(rows[r] + c0 + 32 * u) : zero4;
   };
   load(lane);  // the weights do not depend on the kernel before: read them while it finishes
   pdl_wait();
@@ -118,51 +123,63 @@ __global__ void __launch_bounds__(32 * kW4GemvWarps)
     for (int m = 0; m < M; ++m) y[r][m] = 0.f;
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   const int x_stride = k / 8;  // uint4 per input row
-  for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+  int buf = 0;
+  for (int b0 = 0; b0 < chunks; b0 += 32 * U) {  // the same trip count in every warp
     uint4 cur[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) cur[u][r] = next[u][r];
-    if (c0 + 32 * U < chunks) load(c0 + 32 * U);
+    if (b0 + 32 * U < chunks) load(b0 + 32 * U + lane);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + 32 * u;
-      if (c >= chunks) break;
-      W4Group g[R];
+      const int window = b0 + 32 * u;  // first chunk of this window
+      if (window >= chunks) break;     // uniform across the block
+      {  // stage the window: thread t loads x vector t of it (chunk t / 4, vector t % 4)
+        const int t = threadIdx.x, v = window * 4 + t;
 #pragma unroll
-      for (int r = 0; r < R; ++r) g[r] = w4_group(__ldg(row_sz[r] + (c >> group_shift)));
-      __half2 acc[R][M];
+        for (int m = 0; m < M; ++m) xs[buf][m][t % 4][t / 4] = v < x_stride ? __ldg(xv + m * x_stride + v) : zero4;
+      }
+      __syncthreads();  // (the other buffer's readers finished before the previous barrier)
+      const int c = window + lane;
+      if (live && c < chunks) {
+        W4Group g[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+        for (int r = 0; r < R; ++r) g[r] = w4_group(__ldg(row_sz[r] + (c >> group_shift)));
+        __half2 acc[R][M];
 #pragma unroll
-        for (int m = 0; m < M; ++m) acc[r][m] = __float2half2_rn(0.f);
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint4 xq[M];
+          for (int m = 0; m < M; ++m) acc[r][m] = __float2half2_rn(0.f);
 #pragma unroll
-        for (int m = 0; m < M; ++m) xq[m] = __ldg(xv + m * x_stride + c * 4 + j);
+        for (int j = 0; j < 4; ++j) {
+          uint4 xq[M];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          __half2 w[4];
-          w4_dequant8(w4_word(cur[u][r], j), g[r], w);
+          for (int m = 0; m < M; ++m) xq[m] = xs[buf][m][j][lane];
 #pragma unroll
-          for (int m = 0; m < M; ++m) {
-            const __half2* xh = reinterpret_cast<const __half2*>(&xq[m]);
+          for (int r = 0; r < R; ++r) {
+            __half2 w[4];
+            w4_dequant8(w4_word(cur[u][r], j), g[r], w);
 #pragma unroll
-            for (int p = 0; p < 4; ++p) acc[r][m] = __hfma2(xh[p], w[p], acc[r][m]);
+            for (int m = 0; m < M; ++m) {
+              const __half2* xh = reinterpret_cast<const __half2*>(&xq[m]);
+#pragma unroll
+              for (int p = 0; p < 4; ++p) acc[r][m] = __hfma2(xh[p], w[p], acc[r][m]);
+            }
           }
         }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float2 f = __half22float2(acc[r][m]);
+            y[r][m] += f.x + f.y;
+          }
       }
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const float2 f = __half22float2(acc[r][m]);
-          y[r][m] += f.x + f.y;
-        }
+      buf ^= 1;
     }
   }
+  if (!live) return;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll

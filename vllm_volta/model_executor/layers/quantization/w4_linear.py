@@ -120,10 +120,10 @@ def default_config(rows: int, n: int, k: int, num_sms: int) -> dict[str, Any]:
     GEMM up to GEMM_MAX_ROWS (a tile for the rows, split along K until the grid covers the SMs
     twice), dequantize + cuBLAS above.
 
-    gemv reads x through L1 with 64-byte strides between lanes, 4 wavefronts of x per row of x
-    and weight chunk: 4 rows per warp keep that below the weights' bytes at 1-2 input rows, while
-    from ~4 rows the GEMM's shared-memory tiles (x read once per block, padded to 16 rows) move
-    fewer bytes per weight."""
+    gemv reads every input row's x from shared memory once per weight chunk of its R rows (R = 4
+    here), so its shared-memory bytes per weight grow with the input rows; from ~4 rows the
+    GEMM (x read once per tile, padded to 16 rows, the weight dequantized once per block) moves
+    fewer."""
     if rows <= DEFAULT_GEMV_ROWS:
         return {"kernel": "gemv", "rows_per_warp": 4}
     if rows > GEMM_MAX_ROWS:
