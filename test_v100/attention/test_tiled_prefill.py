@@ -108,3 +108,28 @@ def test_fp8_cache_is_read_times_its_scales():
     k8 = kc8[blocks].flatten(0, 1)[:100].double() * 0.5
     v8 = vc8[blocks].flatten(0, 1)[:100].double() * 0.25
     torch.testing.assert_close(got.double(), _reference(q, k8, v8, 100, 0.2, None, None), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_q,seq_len", [(7, 7), (64, 1000), (100, 333)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_explicit_tiles_without_window_match_the_fused_cpu_path(num_q, seq_len, dtype, monkeypatch):
+    """Off CPU (and with a window or cap) the explicit tiles run: without them here too, both
+    paths against the float64 reference."""
+    from vllm_volta.attention import tiled_prefill
+
+    gen = torch.Generator().manual_seed(seq_len)
+    q = torch.randn(num_q, 6, 32, generator=gen).to(dtype)
+    k = torch.randn(seq_len, 2, 32, generator=gen).to(dtype)
+    v = torch.randn(seq_len, 2, 32, generator=gen).to(dtype)
+    kc, blocks = _paged(k, 16, 80, gen)
+    vc = kc.clone()
+    flat = vc[blocks].flatten(0, 1)
+    flat[:seq_len] = v
+    vc[blocks] = flat.view(-1, 16, 2, 32)
+    ref = _reference(q, k, v, seq_len, 0.2, None, None)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    fused = paged_prefill_attention(q, kc, vc, blocks, seq_len, 0.2, score_bytes=1 << 14)
+    monkeypatch.setattr(tiled_prefill, "_FUSED_CPU", None)
+    explicit = paged_prefill_attention(q, kc, vc, blocks, seq_len, 0.2, score_bytes=1 << 14)
+    torch.testing.assert_close(fused.double(), ref, **tol)
+    torch.testing.assert_close(explicit.double(), ref, **tol)

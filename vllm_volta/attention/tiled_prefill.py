@@ -13,14 +13,23 @@ query chunk's last position, or before its window, are skipped.
 
 Scores and accumulators are fp32 (the output is cast back to the query's dtype); a logit soft cap
 (Gemma 2) is applied to each tile's scores, so the capped path needs no separate code.
+
+On CPU, without a window or a cap, each tile runs through torch's fused flash-attention CPU kernel
+instead (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns each row's
+log-sum-exp, so tiles merge exactly): the cached prefix in tiles every query sees whole (the
+query heads of a KV head folded into the query rows, so nothing is repeated), then the new tokens
+with the plain causal mask. About 3x faster than the explicit tiles (and than one masked SDPA
+call on 3-D inputs, which takes torch's math path), with memory bounded the same way.
 """
 
 from __future__ import annotations
 
 import torch
 
-# Largest fp32 score tile (query rows x heads x keys x 4 bytes) one step holds.
+# Largest fp32 score tile (query rows x heads x keys x 4 bytes) one step holds; on the fused CPU
+# path, the largest fp32-sized key / value tile (keys x KV heads x head size x 4 bytes).
 DEFAULT_SCORE_BYTES = 32 << 20
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _MAX_TILE_KEYS = 4096  # longer tiles save little per-tile overhead and cost more memory
 
 
@@ -60,7 +69,10 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
     group = heads // kv_heads
     if num_q == 0:
         return torch.empty_like(q)
-    rows, keys = tile_sizes(num_q, heads, seq_len, key_cache.shape[1], score_bytes or DEFAULT_SCORE_BYTES)
+    budget = score_bytes or DEFAULT_SCORE_BYTES
+    if window is None and soft_cap is None and q.device.type == "cpu" and _FUSED_CPU is not None:
+        return _fused_cpu_prefill(q, key_cache, value_cache, blocks, seq_len, scale, k_scale, v_scale, budget)
+    rows, keys = tile_sizes(num_q, heads, seq_len, key_cache.shape[1], budget)
     out = torch.empty_like(q)
     first_pos = seq_len - num_q
     # [KH, group, Lq, D]: the query heads of KV head h are h * group ... (h + 1) * group - 1.
@@ -106,3 +118,52 @@ def paged_prefill_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cach
         res = (acc / run_sum[..., None]).view(kv_heads, group, q1 - q0, head_size)
         out[q0:q1] = res.permute(2, 0, 1, 3).reshape(q1 - q0, heads, head_size).to(q.dtype)
     return out
+
+
+def _read_tile(cache: torch.Tensor, blocks: torch.Tensor, start: int, end: int, scale: float,
+               dtype: torch.dtype) -> torch.Tensor:
+    """[KH, end - start, D] in ``dtype`` (an FP8 cache times its scale)."""
+    tile = _gather_tile(cache, blocks, start, end)
+    if scale != 1.0:
+        return (tile.float() * scale).to(dtype)
+    return tile.to(dtype)
+
+
+def _fused_cpu_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, blocks: torch.Tensor,
+                       seq_len: int, scale: float, k_scale: float, v_scale: float, budget: int) -> torch.Tensor:
+    """paged_prefill_attention without window or cap on CPU: torch's fused kernel per tile, the
+    tiles merged by their log-sum-exps."""
+    num_q, heads, head_size = q.shape
+    kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
+    group = heads // kv_heads
+    prefix = seq_len - num_q
+    keys = max(block_size, budget // (4 * kv_heads * head_size) // block_size * block_size)
+    # [1, KH, group * Lq, D]: row g * Lq + j is query head h * group + g of token j.
+    q_folded = q.view(num_q, kv_heads, group, head_size).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, head_size)
+    run_max = run_sum = acc = None
+
+    def merge(out: torch.Tensor, lse: torch.Tensor) -> None:
+        nonlocal run_max, run_sum, acc
+        out, lse = out[0].float(), lse[0]  # [KH, group * Lq, D], [KH, group * Lq]
+        if acc is None:
+            run_max, run_sum, acc = lse, torch.ones_like(lse), out
+            return
+        new_max = torch.maximum(run_max, lse)
+        old_w, new_w = torch.exp(run_max - new_max), torch.exp(lse - new_max)
+        run_sum = run_sum * old_w + new_w
+        acc = acc * old_w[..., None] + out * new_w[..., None]
+        run_max = new_max
+
+    for t0 in range(0, prefix, keys):  # the cached prefix: every query sees all of it
+        t1 = min(prefix, t0 + keys)
+        k = _read_tile(key_cache, blocks, t0, t1, k_scale, q.dtype)[None]
+        v = _read_tile(value_cache, blocks, t0, t1, v_scale, q.dtype)[None]
+        merge(*_FUSED_CPU(q_folded, k, v, 0.0, False, scale=scale))
+    # The new tokens: plain causal (as many keys as queries), each KV head repeated per query head
+    # (a chunk's worth).
+    k = _read_tile(key_cache, blocks, prefix, seq_len, k_scale, q.dtype).repeat_interleave(group, dim=0)
+    v = _read_tile(value_cache, blocks, prefix, seq_len, v_scale, q.dtype).repeat_interleave(group, dim=0)
+    out, lse = _FUSED_CPU(q.transpose(0, 1)[None], k[None], v[None], 0.0, True, scale=scale)
+    merge(out.reshape(1, kv_heads, group * num_q, head_size), lse.reshape(1, kv_heads, group * num_q))
+    res = (acc / run_sum[..., None]).view(kv_heads, group, num_q, head_size)
+    return res.permute(2, 0, 1, 3).reshape(num_q, heads, head_size).to(q.dtype)
