@@ -12,8 +12,9 @@
 // Loads: the K-quants Q4_K / Q5_K read their 8 quant bytes as one 8-byte load (their blocks are
 // multiples of 16 bytes); Q6_K (210-byte), Q8_0 (34) and Q4_0 (18) blocks are only 2-byte
 // aligned in a row, so those read 16-bit words.
-//  gguf_gemv_kernel<M, B>: out[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]) for M <= 8 decode rows;
-//    one warp per weight row, kGgufGemvWarps rows per block, warp-shuffle reduction.
+//  gguf_gemv_kernel<M, R, B>: out[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]) for M <= 8 decode
+//    rows; R (kGgufRowsPerWarp) weight rows per warp, kGgufGemvWarps warps per block, warp-shuffle
+//    reduction. Integers become floats through their exponent bits (PRMT + FADD), not I2F.
 //  gguf_dequantize_kernel<B>: out [N, K] float16 = W, 8 weights (one 16-byte store) per thread,
 //    each rounded once from float32.
 #pragma once
@@ -35,7 +36,8 @@ using uint8_t = unsigned char;
 namespace vllm_volta {
 
 constexpr int kGgufGemvMaxRows = 8;
-constexpr int kGgufGemvWarps = 4;  // weight rows per block of the gemv
+constexpr int kGgufGemvWarps = 4;      // warps per block of the gemv
+constexpr int kGgufRowsPerWarp = 2;    // output features per warp (they share x's loads)
 constexpr int kGgufStep = 256;     // weights of a row per warp step
 
 // GGML type ids (gguf.GGMLQuantizationType) of the types kept quantized.
@@ -52,6 +54,24 @@ __device__ __forceinline__ float half_bits(uint32_t bits) {
 }
 
 __device__ __forceinline__ uint32_t byte_of(uint32_t word, int i) { return (word >> (8 * i)) & 0xFFu; }
+
+// Small integers to float without I2F (a conversion-pipe instruction, 1/8 of the FP32 rate on
+// SM90): 2^23 + b has b as its low mantissa bits, so one byte permute and one FADD give b exactly.
+constexpr float kTwo23 = 8388608.f;
+__device__ __forceinline__ float int_bits_to_float(uint32_t small) {
+  return __int_as_float(static_cast<int>(0x4B000000u | small)) - kTwo23;
+}
+
+// The 4 bytes of v as floats 0..255 (one PRMT and one FADD each).
+__device__ __forceinline__ void bytes_to_float(uint32_t v, float* f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = __int_as_float(static_cast<int>(__byte_perm(v, 0x4B000000u, 0x7440 | i))) - kTwo23;
+}
+
+__device__ __forceinline__ void bytes8_to_float(uint32_t lo, uint32_t hi, float (&q)[8]) {
+  bytes_to_float(lo, q);
+  bytes_to_float(hi, q + 4);
+}
 
 // 8 bytes at p (8-byte aligned) as two little-endian words.
 __device__ __forceinline__ uint2 load8_aligned(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
@@ -71,54 +91,52 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 
-// Byte i (0..7) of the 8 bytes in v.
-__device__ __forceinline__ uint32_t byte8(const uint2& v, int i) { return byte_of(i < 4 ? v.x : v.y, i & 3); }
-
-// The 6-bit (scale, min) of sub-block j (0..7) of Q4_K / Q5_K from the 12 bytes at p (4-aligned).
+// The 6-bit (scale, min) of sub-block j (0..7) of Q4_K / Q5_K from the 12 bytes at p (4-aligned),
+// without branches (lanes of one warp hold different j).
 __device__ __forceinline__ void k_scale_min(const uint8_t* p, int j, float& sc, float& mn) {
   const uint32_t s0 = load_u32(p), s1 = load_u32(p + 4), s2 = load_u32(p + 8);
-  if (j < 4) {
-    sc = static_cast<float>(byte_of(s0, j) & 63u);
-    mn = static_cast<float>(byte_of(s1, j) & 63u);
-  } else {
-    const int i = j - 4;
-    sc = static_cast<float>((byte_of(s2, i) & 15u) | ((byte_of(s0, i) >> 6) << 4));
-    mn = static_cast<float>((byte_of(s2, i) >> 4) | ((byte_of(s1, i) >> 6) << 4));
-  }
+  const int i = j & 3;
+  const uint32_t b0 = byte_of(s0, i), b1 = byte_of(s1, i), b2 = byte_of(s2, i);
+  const bool low = j < 4;
+  const uint32_t s = low ? (b0 & 63u) : ((b2 & 15u) | ((b0 >> 6) << 4));
+  const uint32_t m = low ? (b1 & 63u) : ((b2 >> 4) | ((b1 >> 6) << 4));
+  sc = int_bits_to_float(s);
+  mn = int_bits_to_float(m);
 }
 
 }  // namespace gguf
 
-// Each block type: kBlockElems, kBlockBytes, and load(row, nblocks, step, lane, q, scale, offset),
-// which decodes the lane's 8 weights of `step` (w_i = scale * q_i - offset) and returns false when
-// they lie past the row's end (only the 32-weight types, when K is not a multiple of 256).
+// Each block type: kBlockElems, kBlockBytes, lane_valid(nblocks, step, lane) (false where the
+// lane's 8 weights lie past the row's end: only the 32-weight types, when K is not a multiple of
+// 256) and load(row, step, lane, q, scale, offset), which decodes the lane's 8 weights of `step`:
+// w_i = scale * q_i - offset, with q_i small non-negative integers.
 
 // Q4_K: d, dmin f16; scales u8[12]; qs u8[128] (4 chunks of 32: low nibbles sub-block 2c, high 2c+1).
 struct GgufQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144;
-  __device__ __forceinline__ static bool load(const uint8_t* row, int, int step, int lane, float (&q)[8],
-                                              float& scale, float& offset) {
-    const uint8_t* b = row + static_cast<int64_t>(step) * kBlockBytes;
+  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
+  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
+                                              float& offset) {
+    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
     const int j = lane >> 2, pos = (lane & 3) * 8;
     const uint32_t dm = gguf::load_u32(b);
     float sc, mn;
     gguf::k_scale_min(b + 4, j, sc, mn);
     const uint2 qs = gguf::load8_aligned(b + 16 + 32 * (j >> 1) + pos);
     const int shift = (j & 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = static_cast<float>((gguf::byte8(qs, i) >> shift) & 15u);
+    gguf::bytes8_to_float((qs.x >> shift) & 0x0F0F0F0Fu, (qs.y >> shift) & 0x0F0F0F0Fu, q);
     scale = gguf::half_bits(dm) * sc;
     offset = gguf::half_bits(dm >> 16) * mn;
-    return true;
   }
 };
 
 // Q5_K: as Q4_K plus qh u8[32] before qs: the fifth bit of sub-block j, element e is bit j of qh[e].
 struct GgufQ5K {
   static constexpr int kBlockElems = 256, kBlockBytes = 176;
-  __device__ __forceinline__ static bool load(const uint8_t* row, int, int step, int lane, float (&q)[8],
-                                              float& scale, float& offset) {
-    const uint8_t* b = row + static_cast<int64_t>(step) * kBlockBytes;
+  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
+  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
+                                              float& offset) {
+    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
     const int j = lane >> 2, pos = (lane & 3) * 8;
     const uint32_t dm = gguf::load_u32(b);
     float sc, mn;
@@ -126,14 +144,11 @@ struct GgufQ5K {
     const uint2 qh = gguf::load8_aligned(b + 16 + pos);
     const uint2 qs = gguf::load8_aligned(b + 48 + 32 * (j >> 1) + pos);
     const int shift = (j & 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t low = (gguf::byte8(qs, i) >> shift) & 15u, high = (gguf::byte8(qh, i) >> j) & 1u;
-      q[i] = static_cast<float>(low | (high << 4));
-    }
+    const uint32_t lo = ((qs.x >> shift) & 0x0F0F0F0Fu) | (((qh.x >> j) & 0x01010101u) << 4);
+    const uint32_t hi = ((qs.y >> shift) & 0x0F0F0F0Fu) | (((qh.y >> j) & 0x01010101u) << 4);
+    gguf::bytes8_to_float(lo, hi, q);
     scale = gguf::half_bits(dm) * sc;
     offset = gguf::half_bits(dm >> 16) * mn;
-    return true;
   }
 };
 
@@ -142,61 +157,55 @@ struct GgufQ5K {
 // bits 2r, 2r + 1 of qh[32 h + l]; w = d * scale[sub-block of 16] * (q - 32).
 struct GgufQ6K {
   static constexpr int kBlockElems = 256, kBlockBytes = 210;
-  __device__ __forceinline__ static bool load(const uint8_t* row, int, int step, int lane, float (&q)[8],
-                                              float& scale, float& offset) {
-    const uint8_t* b = row + static_cast<int64_t>(step) * kBlockBytes;
+  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
+  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
+                                              float& offset) {
+    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
     const int h = lane >> 4, run = (lane >> 2) & 3, l0 = (lane & 3) * 8;
     const uint2 ql = gguf::load8_u16(b + 64 * h + 32 * (run & 1) + l0);
     const uint2 qh = gguf::load8_u16(b + 128 + 32 * h + l0);
     const int low_shift = (run >> 1) * 4, high_shift = 2 * run;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t low = (gguf::byte8(ql, i) >> low_shift) & 15u, high = (gguf::byte8(qh, i) >> high_shift) & 3u;
-      q[i] = static_cast<float>(low | (high << 4));
-    }
-    // The lane's 8 weights are half of sub-block lane / 2: its signed scale byte.
-    const int sub_scale = static_cast<signed char>(__ldg(b + 192 + (lane >> 1)));
-    scale = gguf::half_bits(gguf::load_u16(b + 208)) * static_cast<float>(sub_scale);
+    const uint32_t lo = ((ql.x >> low_shift) & 0x0F0F0F0Fu) | (((qh.x >> high_shift) & 0x03030303u) << 4);
+    const uint32_t hi = ((ql.y >> low_shift) & 0x0F0F0F0Fu) | (((qh.y >> high_shift) & 0x03030303u) << 4);
+    gguf::bytes8_to_float(lo, hi, q);
+    // The lane's 8 weights are half of sub-block lane / 2: its signed scale byte, offset by 128.
+    const float sub_scale = gguf::int_bits_to_float(__ldg(b + 192 + (lane >> 1)) ^ 0x80u) - 128.f;
+    scale = gguf::half_bits(gguf::load_u16(b + 208)) * sub_scale;
     offset = 32.f * scale;
-    return true;
   }
 };
 
-// Q8_0: d f16, q int8[32]; w = d * q.
+// Q8_0: d f16, q int8[32]; w = d * q = d * (q + 128) - 128 d.
 struct GgufQ8_0 {
   static constexpr int kBlockElems = 32, kBlockBytes = 34;
-  __device__ __forceinline__ static bool load(const uint8_t* row, int nblocks, int step, int lane, float (&q)[8],
-                                              float& scale, float& offset) {
-    const int block = step * 8 + (lane >> 2);
-    if (block >= nblocks) return false;
-    const uint8_t* b = row + static_cast<int64_t>(block) * kBlockBytes;
+  __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
+    return step * 8 + (lane >> 2) < nblocks;
+  }
+  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
+                                              float& offset) {
+    const uint8_t* b = row + (step * 8 + (lane >> 2)) * kBlockBytes;
     const uint2 qs = gguf::load8_u16(b + 2 + (lane & 3) * 8);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = static_cast<float>(static_cast<signed char>(static_cast<unsigned char>(gguf::byte8(qs, i))));
-    }
+    gguf::bytes8_to_float(qs.x ^ 0x80808080u, qs.y ^ 0x80808080u, q);  // q + 128, as unsigned bytes
     scale = gguf::half_bits(gguf::load_u16(b));
-    offset = 0.f;
-    return true;
+    offset = 128.f * scale;
   }
 };
 
 // Q4_0: d f16, qs u8[16]: weights 0..15 the low nibbles, 16..31 the high ones; w = d * (q - 8).
 struct GgufQ4_0 {
   static constexpr int kBlockElems = 32, kBlockBytes = 18;
-  __device__ __forceinline__ static bool load(const uint8_t* row, int nblocks, int step, int lane, float (&q)[8],
-                                              float& scale, float& offset) {
-    const int block = step * 8 + (lane >> 2);
-    if (block >= nblocks) return false;
-    const uint8_t* b = row + static_cast<int64_t>(block) * kBlockBytes;
+  __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
+    return step * 8 + (lane >> 2) < nblocks;
+  }
+  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
+                                              float& offset) {
+    const uint8_t* b = row + (step * 8 + (lane >> 2)) * kBlockBytes;
     const int part = lane & 3;  // weights [8 part, 8 part + 8) of the block
     const uint2 qs = gguf::load8_u16(b + 2 + 8 * (part & 1));
     const int shift = (part >> 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[i] = static_cast<float>((gguf::byte8(qs, i) >> shift) & 15u);
+    gguf::bytes8_to_float((qs.x >> shift) & 0x0F0F0F0Fu, (qs.y >> shift) & 0x0F0F0F0Fu, q);
     scale = gguf::half_bits(gguf::load_u16(b));
     offset = 8.f * scale;
-    return true;
   }
 };
 
@@ -212,9 +221,10 @@ __device__ __forceinline__ void gguf_load_x8(const __half* row, int64_t e, float
   }
 }
 
-// M input rows (row stride x_stride, 16-byte aligned rows), weight rows of row_bytes bytes; one warp
-// per output feature.
-template <int M, typename B>
+// M input rows (row stride x_stride, 16-byte aligned rows), weight rows of row_bytes bytes; each
+// warp owns R consecutive output features, whose weights it decodes against the same x values
+// (x is read, converted and summed once for the R rows).
+template <int M, int R, typename B>
 __global__ void __launch_bounds__(kGgufGemvWarps * 32)
     gguf_gemv_kernel(__half* __restrict__ out, int64_t out_stride, const __half* __restrict__ x, int64_t x_stride,
                      const uint8_t* __restrict__ weight, int64_t row_bytes, const __half* __restrict__ bias, int n,
@@ -222,37 +232,50 @@ __global__ void __launch_bounds__(kGgufGemvWarps * 32)
   pdl_launch_dependents();
   pdl_wait();
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kGgufGemvWarps + (threadIdx.x >> 5);
-  if (row >= n) return;  // the whole warp: no block-wide synchronization follows
-  const uint8_t* w = weight + static_cast<int64_t>(row) * row_bytes;
+  const int row0 = (blockIdx.x * kGgufGemvWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= n) return;  // the whole warp: no block-wide synchronization follows
+  const uint8_t* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = weight + static_cast<int64_t>(min(row0 + r, n - 1)) * row_bytes;
   const int nblocks = k / B::kBlockElems;
   const int steps = (k + kGgufStep - 1) / kGgufStep;
-  float acc[M];
+  float acc[M][R];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
-#pragma unroll 2
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+#pragma unroll 4
   for (int s = 0; s < steps; ++s) {
-    float q[8], scale, offset;
-    if (!B::load(w, nblocks, s, lane, q, scale, offset)) continue;
+    if (!B::lane_valid(nblocks, s, lane)) continue;
     const int64_t e = static_cast<int64_t>(s) * kGgufStep + lane * 8;
+    float xf[M][8], xsum[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      float xf[8];
-      gguf_load_x8(x + m * x_stride, e, xf);
-      float dot = 0.f, sum = 0.f;
+      gguf_load_x8(x + m * x_stride, e, xf[m]);
+      xsum[m] = ((xf[m][0] + xf[m][1]) + (xf[m][2] + xf[m][3])) + ((xf[m][4] + xf[m][5]) + (xf[m][6] + xf[m][7]));
+    }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        dot = fmaf(q[i], xf[i], dot);
-        sum += xf[i];
+    for (int r = 0; r < R; ++r) {
+      float q[8], scale, offset;
+      B::load(w[r], s, lane, q, scale, offset);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(q[i], xf[m][i], dot);
+        acc[m][r] = fmaf(scale, dot, fmaf(-offset, xsum[m], acc[m][r]));
       }
-      acc[m] = fmaf(scale, dot, fmaf(-offset, sum, acc[m]));
     }
   }
-  const float b = bias != nullptr ? __half2float(bias[row]) : 0.f;
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float y = warp_sum(acc[m]);
-    if (lane == m) out[m * out_stride + row] = __float2half_rn(y + b);
+  for (int r = 0; r < R; ++r) {
+    const int row = row0 + r;
+    const float b = (bias != nullptr && row < n) ? __half2float(bias[row]) : 0.f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float y = warp_sum(acc[m][r]);
+      if (lane == m && row < n) out[m * out_stride + row] = __float2half_rn(y + b);
+    }
   }
 }
 
@@ -269,8 +292,9 @@ __global__ void gguf_dequantize_kernel(__half* __restrict__ out, const uint8_t* 
   const int64_t row = idx / per_row;
   const int rem = static_cast<int>(idx % per_row);
   const int s = rem >> 5, lane = rem & 31;
+  if (!B::lane_valid(k / B::kBlockElems, s, lane)) return;
   float q[8], scale, offset;
-  if (!B::load(weight + row * row_bytes, k / B::kBlockElems, s, lane, q, scale, offset)) return;
+  B::load(weight + row * row_bytes, s, lane, q, scale, offset);
   __align__(16) __half2 h[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

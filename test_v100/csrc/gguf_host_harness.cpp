@@ -4,6 +4,7 @@
 //   gguf_host_harness gemv <qtype> <M> <N> <K> <weight> <x> <bias or -> <out>
 //   gguf_host_harness dequantize <qtype> <N> <K> <weight> <out>
 // Files are raw little-endian arrays: weight uint8 [N, row_bytes], x / bias / out float16.
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -46,6 +47,22 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
+using std::min;
+
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+// PTX prmt (default mode): result byte k = byte (s >> 4k) & 7 of the 8 bytes {y:x}.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = (static_cast<unsigned long long>(y) << 32) | x;
+  unsigned r = 0;
+  for (int k = 0; k < 4; ++k) r |= static_cast<unsigned>((bytes >> (8 * ((s >> (4 * k)) & 7))) & 0xFF) << (8 * k);
+  return r;
+}
+
 inline void __syncthreads() {}  // reduce.cuh's row_sum (unused by the GGUF kernels)
 #define __launch_bounds__(x)
 
@@ -86,8 +103,9 @@ static void run_grid(unsigned blocks, unsigned threads, const std::function<void
 template <typename B, int M>
 static void gemv(int n, int k, const unsigned char* w, const __half* x, const __half* bias, __half* out) {
   const int64_t row_bytes = k / B::kBlockElems * B::kBlockBytes;
-  run_grid((n + kGgufGemvWarps - 1) / kGgufGemvWarps, kGgufGemvWarps * 32,
-           [&] { gguf_gemv_kernel<M, B>(out, n, x, k, w, row_bytes, bias, n, k); });
+  constexpr int rows_per_block = kGgufGemvWarps * kGgufRowsPerWarp;
+  run_grid((n + rows_per_block - 1) / rows_per_block, kGgufGemvWarps * 32,
+           [&] { gguf_gemv_kernel<M, kGgufRowsPerWarp, B>(out, n, x, k, w, row_bytes, bias, n, k); });
 }
 
 template <typename B>
