@@ -18,8 +18,8 @@ On CPU, without a window or a cap, each tile runs through torch's fused flash-at
 instead (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns each row's
 log-sum-exp, so tiles merge exactly): the cached prefix in tiles every query sees whole (the
 query heads of a KV head folded into the query rows, so nothing is repeated), then the new tokens
-with the plain causal mask. About 3x faster than the explicit tiles (and than one masked SDPA
-call on 3-D inputs, which takes torch's math path), with memory bounded the same way.
+with the plain causal mask. 1.5-4x faster than one masked SDPA call on 3-D inputs (torch's math
+path) for a SmolLM2-shaped 512-token chunk over 2k-8k tokens, with memory bounded the same way.
 """
 
 from __future__ import annotations
