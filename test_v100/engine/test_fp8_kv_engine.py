@@ -113,12 +113,13 @@ def test_fp8_within_the_bound_of_the_fp32_kv_run(hf_fp8, kv):
             assert abs(a.logprobs[i][ta].logprob - b.logprobs[i][ta].logprob) <= bound
 
 
-def test_fp8_cache_holds_more_blocks_in_the_same_budget(hf_fp8):
-    """fp32 model: 4 bytes per cached element against 1 (2 against 1 for a float16 model)."""
+@pytest.mark.parametrize("dtype,ratio", [("float16", 2), ("float32", 4)])
+def test_fp8_cache_holds_more_blocks_in_the_same_budget(hf_fp8, dtype, ratio):
+    """One byte per cached element against the model dtype's 2 (float16: twice the blocks) or 4."""
     path, _ = hf_fp8
-    blocks = {kv: make_engine(path, kv_cache_dtype=kv, cpu_kvcache_space=0.002, max_num_seqs=256)
+    blocks = {kv: make_engine(path, kv_cache_dtype=kv, cpu_kvcache_space=0.002, max_num_seqs=256, dtype=dtype)
               .vllm_config.cache_config.num_gpu_blocks for kv in ("auto", "fp8", "fp8_e5m2")}
-    assert blocks["fp8"] == blocks["fp8_e5m2"] == 4 * blocks["auto"]
+    assert blocks["fp8"] == blocks["fp8_e5m2"] == ratio * blocks["auto"]
 
 
 @pytest.fixture(scope="module")
