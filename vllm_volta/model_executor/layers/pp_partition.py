@@ -47,11 +47,13 @@ def stage_layer_counts(num_layers: int, pp_size: int) -> list[int]:
     """Each stage's layer count: ``VLLM_PP_LAYER_PARTITION`` when set, else the even split."""
     if not isinstance(pp_size, int) or pp_size < 1:
         raise ValueError(f"pipeline_parallel_size must be an integer >= 1, got {pp_size!r}")
+    if pp_size == 1:
+        return [num_layers]
     if num_layers < pp_size:
         raise ValueError(f"pipeline_parallel_size={pp_size} is more than the model's {num_layers} "
                          f"decoder layers; allowed range is [1, {num_layers}]")
     text = envs.get(PARTITION_ENV)
-    if text and pp_size > 1:
+    if text:
         return parse_partition(text, num_layers, pp_size)
     return even_partition(num_layers, pp_size)
 
