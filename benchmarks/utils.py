@@ -186,13 +186,25 @@ def measure_copy_bandwidth(device: torch.device | str, nbytes: int = 1 << 30,
             "bandwidth_bytes_per_s": moved / seconds}
 
 
+def _quantized_weight_bytes(quant: Any, elt: int) -> float:
+    """Bytes one weight of a quantized linear layer costs: its packed bits plus its share of the
+    per-group scale (in the activation dtype, FP32 for FP8 blocks) and zero point."""
+    bits = getattr(quant, "bits", 4 if hasattr(quant, "group_size") else 8)
+    if hasattr(quant, "block_shape"):  # FP8: one byte, an FP32 scale per block (per row / tensor: ~0)
+        block = quant.block_shape
+        return 1.0 + (4.0 / (block[0] * block[1]) if block else 0.0)
+    group = quant.group_size
+    zeros = bits / 8 if getattr(quant, "has_zeros", True) else 0.0
+    return bits / 8 + ((elt + zeros) / group if group > 0 else 0.0)
+
+
 def weight_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> dict[str, float]:
     """Bytes of weights one decode step reads, from the model shape alone.
 
     Every parameter is read once per step except the input embedding table, of which only
-    one row per token is gathered (it is counted fully when tied to the LM head). In a 4-bit
-    checkpoint (AWQ / GPTQ ``quantization_config``) the decoder's linear layers read half a byte
-    per weight and, per group of weights, a scale in ``dtype`` and a 4-bit zero point.
+    one row per token is gathered (it is counted fully when tied to the LM head). In a quantized
+    checkpoint (AWQ / GPTQ / compressed-tensors / FP8 ``quantization_config``) the decoder's linear
+    layers read their packed bits per weight plus their share of the group scales and zero points.
     """
     import copy
 
@@ -215,7 +227,7 @@ def weight_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> dict[str, floa
     if quant is not None:
         packed = sum(m.weight.numel() for name, m in model.named_modules()
                      if isinstance(m, torch.nn.Linear) and ".layers." in name)
-        nbytes += packed * (0.5 - elt) + packed / quant.group_size * (elt + 0.5)
+        nbytes += packed * (_quantized_weight_bytes(quant, elt) - elt)
     return {"num_parameters": float(total), "weight_bytes_per_token": nbytes}
 
 

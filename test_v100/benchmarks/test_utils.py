@@ -157,3 +157,24 @@ def test_device_info_names_the_mode_and_path_switches(monkeypatch):
     assert info["VLLM_VOLTA_CUDA_GRAPH_CAPTURE"] == "torch"
     assert info["VLLM_VOLTA_DECODE_GEMV"] is None
     assert info["torch"] == torch.__version__ and "extension" in info
+
+
+def _linear_weights(cfg) -> int:
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    hd = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    return cfg.num_hidden_layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
+
+
+@pytest.mark.parametrize("name,per_weight", [
+    ("llama-3-8b-awq", 0.5 + (2 + 0.5) / 128),  # 4 bits, an fp16 scale and a 4-bit zero per 128
+    ("qwen3-8b-fp8", 1 + 4 / (128 * 128)),  # one byte, an fp32 scale per 128 x 128 block
+])
+def test_quantized_weight_bytes_by_hand(name, per_weight):
+    """The decoder's linear layers read their packed bytes; everything else stays float16."""
+    cfg = AutoConfig.from_pretrained(utils.CONFIGS_DIR / name)
+    dense_cfg = AutoConfig.from_pretrained(utils.CONFIGS_DIR / name)
+    del dense_cfg.quantization_config
+    dense = utils.weight_bytes_per_token(dense_cfg, torch.float16)["weight_bytes_per_token"]
+    got = utils.weight_bytes_per_token(cfg, torch.float16)["weight_bytes_per_token"]
+    assert got == pytest.approx(dense - _linear_weights(cfg) * (2 - per_weight), rel=1e-12)
