@@ -12,8 +12,9 @@
 //    consecutive output rows, its lanes stride along K (a warp reads 512 contiguous bytes of a
 //    row per load) with the next chunks' loads in flight during these chunks' math (issued
 //    before pdl_wait: the weights do not depend on the kernel before). The block stages x one
-//    1024-k window at a time in shared memory (coalesced loads; conflict-free reads, where
-//    per-lane reads of x through L1 would touch 16 lines per 512 bytes). Products accumulate in
+//    1024-k window at a time in shared memory (coalesced loads, the next window's in flight
+//    during this one's math; conflict-free reads, where per-lane reads of x through L1 would
+//    touch 16 lines per 512 bytes). Products accumulate in
 //    half2 over one 32-value chunk (16 per half), then in FP32; a warp-shuffle sum.
 #pragma once
 
@@ -115,14 +116,21 @@ __global__ void __launch_bounds__(32 * kW4GemvWarps)
   };
   load(lane);  // the weights do not depend on the kernel before: read them while it finishes
   pdl_wait();
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const int x_stride = k / 8;  // uint4 per input row
+  uint4 xr[M];  // this thread's x vector of the next window: vector t of it (chunk t / 4, t % 4)
+  auto load_x = [&](int window) {
+    const int v = window * 4 + static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int m = 0; m < M; ++m) xr[m] = v < x_stride ? __ldg(xv + m * x_stride + v) : zero4;
+  };
+  load_x(0);
 
   float y[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) y[r][m] = 0.f;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const int x_stride = k / 8;  // uint4 per input row
   int buf = 0;
   for (int b0 = 0; b0 < chunks; b0 += 32 * U) {  // the same trip count in every warp
     uint4 cur[U][R];
@@ -135,12 +143,10 @@ __global__ void __launch_bounds__(32 * kW4GemvWarps)
     for (int u = 0; u < U; ++u) {
       const int window = b0 + 32 * u;  // first chunk of this window
       if (window >= chunks) break;     // uniform across the block
-      {  // stage the window: thread t loads x vector t of it (chunk t / 4, vector t % 4)
-        const int t = threadIdx.x, v = window * 4 + t;
 #pragma unroll
-        for (int m = 0; m < M; ++m) xs[buf][m][t % 4][t / 4] = v < x_stride ? __ldg(xv + m * x_stride + v) : zero4;
-      }
+      for (int m = 0; m < M; ++m) xs[buf][m][threadIdx.x % 4][threadIdx.x / 4] = xr[m];
       __syncthreads();  // (the other buffer's readers finished before the previous barrier)
+      load_x(window + 32);  // in flight during this window's math
       const int c = window + lane;
       if (live && c < chunks) {
         W4Group g[R];
