@@ -130,3 +130,24 @@ def test_the_kernels_integer_dequantization_is_exact_on_this_layout():
             got = _dequant8_like_the_kernel(packed[n], s, np.float16(z)).reshape(-1)
             want = ((q[:, n] - z).double() * float(s)).half().numpy()  # one float16 rounding
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("sym", [False, True])
+def test_gptq_act_order_layer_sorted_then_repacked_keeps_the_weight(sym):
+    from vllm_volta.model_executor.layers.linear import MergedColumnParallelLinear
+    from vllm_volta.model_executor.layers.quantization import quantization
+
+    from .int_checkpoints import Scheme, config_of
+    from .int_layer_checks import _quantize, feed
+
+    scheme, gen = Scheme("gptq", bits=4, group=32, sym=sym, act_order=True), torch.Generator().manual_seed(6)
+    with quantization(config_of(scheme)):
+        layer = MergedColumnParallelLinear(128, [64, 32], params_dtype=torch.float32)
+    items = [(shard, _quantize(scheme, n, 128, gen)) for shard, n in ((0, 64), (1, 32))]
+    feed(layer, scheme, items)
+    perm = layer.quant_perm  # rows sorted by group into AWQ's layout (CPU: not repacked further)
+    assert layer.__dict__.get("w4_weights") is None
+    qweight, zeros, scales = layer.quant_method.tensors(layer)
+    packed, sz = repack_awq(qweight, zeros, scales.half())
+    want = torch.cat([qt.dense.t() for _, qt in items], 1)[perm]  # W with its rows in perm's order
+    torch.testing.assert_close(dequantize_w4_torch(packed, sz, torch.float64), want, atol=1e-3, rtol=1e-3)
