@@ -23,10 +23,17 @@ GREEDY = dict(temperature=0, max_tokens=5, ignore_eos=True)
 
 def ray_pp_scenario(model: str, out_path: str, engine_kwargs: dict) -> None:
     """Runs in the child, next to a Ray head of 3 CPUs: a PP=2 engine on Ray actors."""
+    too_many = None
+    try:
+        LLMEngine.from_engine_args(EngineArgs(model=model, distributed_executor_backend="ray",
+                                              tensor_parallel_size=2, pipeline_parallel_size=2, **engine_kwargs))
+    except ValueError as e:
+        too_many = str(e)
     engine = LLMEngine.from_engine_args(EngineArgs(model=model, distributed_executor_backend="ray",
                                                    pipeline_parallel_size=2, **engine_kwargs))
     try:
-        result = {"executor": type(engine.executor).__name__, "sampler": engine.executor._sampler,
+        result = {"too_many": too_many, "executor": type(engine.executor).__name__,
+                  "sampler": engine.executor._sampler,
                   "greedy": _summary(run(engine, PROMPTS, SamplingParams(**GREEDY), "g")),
                   "seeded": _summary(run(engine, PROMPTS[:2], SamplingParams(**SEEDED), "s"))}
     finally:
@@ -46,6 +53,7 @@ def test_ray_pp2_on_cpu(tmp_path, monkeypatch):
     common = dict(skip_tokenizer_init=True, max_num_batched_tokens=24, cpu_kvcache_space=0.01)
     seen = _run_in_netns("ray_pp_scenario", model, tmp_path / "result.json", common, num_gpus=0,
                          timeout=240, module="test_v100.executor.test_ray_pipeline")
+    assert "tensor_parallel_size=2 x pipeline_parallel_size=2 needs 4 CPUs in the Ray cluster" in seen["too_many"]
     assert (seen["executor"], seen["sampler"]) == ("RayExecutor", 1)
     assert [s["tokens"] for s in seen["greedy"]] == [hf_greedy(hf_model, p, 5) for p in PROMPTS]
     single = LLMEngine.from_engine_args(EngineArgs(model=str(model), **common))

@@ -88,17 +88,20 @@ class RayExecutor(Executor):
         """The current placement group when the engine runs inside one, else a new one."""
         from ray.util.placement_group import get_current_placement_group, placement_group
         ray, n = self._ray, self.world_size
+        pc = self.vllm_config.parallel_config
+        sizes = f"tensor_parallel_size={pc.tensor_parallel_size}" + (
+            f" x pipeline_parallel_size={pc.pipeline_parallel_size}" if pc.pipeline_parallel_size > 1 else "")
         current = get_current_placement_group()
         if current is not None:
             bundles = [b for b in current.bundle_specs if b.get(resource, 0) >= 1]
             if len(bundles) < n:
                 raise ValueError(f"The current Ray placement group has {len(bundles)} bundles "
-                                 f"with a {resource}; tensor_parallel_size={n} needs {n}")
+                                 f"with a {resource}; {sizes} needs {n}")
             return current
         available = ray.cluster_resources().get(resource, 0)
         if available < n:
             raise ValueError(
-                f"tensor_parallel_size={n} needs {n} {resource}s in the Ray cluster, which has "
+                f"{sizes} needs {n} {resource}s in the Ray cluster, which has "
                 f"{int(available)}; allowed range is [1, {int(available)}] (add nodes with "
                 f"`ray start --address=HEAD_IP:6379`)")
         pg = placement_group([{resource: 1}] * n, strategy="PACK")
