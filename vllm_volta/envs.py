@@ -203,7 +203,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "VLLM_PP_LAYER_PARTITION",
             "vLLM's pipeline-parallel layer split: decoder layers per stage, a comma list of "
             "pipeline_parallel_size positive counts that add up to the model's layers (e.g. 5,3). "
-            "Unset: vLLM's even split, the remainder to the last stages. Checked against the model "
+            "Unset: vLLM's split, the remainder to the stages before the last. Checked against the model "
             "when the engine is configured (model_executor/layers/pp_partition.py).",
             lambda value: None if value is None else value.strip(),
         ),

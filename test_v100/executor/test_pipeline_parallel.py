@@ -69,17 +69,20 @@ def check_against_transformers(path, hf_model, prompts, then: Callable[[LLMEngin
 
 @ON_CPU
 def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
-    """Llama, 3 layers as 2 + 1 (VLLM_PP_LAYER_PARTITION, which the spawned ranks inherit): four
+    """Llama, 3 layers as 1 + 2 (VLLM_PP_LAYER_PARTITION, which the spawned ranks inherit; vLLM's
+    split would be 2 + 1): four
     requests keep both micro-batches busy (prefill chunks of a 24-token budget, then decoding
     split in halves), and every request's tokens match transformers'."""
     hf_model = save_tiny_model(tmp_path, "llama", num_hidden_layers=3)
-    monkeypatch.setenv(PARTITION_ENV, "2,1")
+    monkeypatch.setenv(PARTITION_ENV, "1,2")
     prompts = random_prompts(4, 3, 20, seed=2)
     detailed = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=4, ignore_eos=True, logprobs=2,
                               prompt_logprobs=1)
     pipelined = {}
 
     def abort_in_flight_then_sample(engine: LLMEngine) -> None:
+        stage = engine.executor.worker.model_runner.model.model.pp  # the driver's: stage 0
+        assert (stage.start, stage.end) == (0, 1)
         # A request aborted while its step is in flight: its token is dropped, the others go on.
         engine.add_request("gone", prompts[0], SamplingParams(temperature=0, max_tokens=8))
         engine.step()
@@ -110,7 +113,7 @@ def test_dense_uneven_partition_with_micro_batches(tmp_path, monkeypatch):
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5"])
 def test_moe_and_hybrid(tmp_path, monkeypatch, arch):
     """Qwen3-MoE (layer 1 dense) and Qwen3.5 (stage 0: the Gated DeltaNet layer and its recurrent
-    state, no paged cache; stage 1: the full-attention layer), even split."""
+    state, no paged cache; stage 1: the full-attention layer), vLLM's split."""
     monkeypatch.delenv(PARTITION_ENV, raising=False)
     hf_model = save_tiny_model(tmp_path, arch, seed=1)
     check_against_transformers(tmp_path, hf_model, random_prompts(2, 3, 16, seed=3), pipeline_parallel_size=2)

@@ -26,7 +26,7 @@ def test_tp2_pp2_on_gpus(tmp_path, monkeypatch, arch):
 
 def check_tp2_pp2(tmp_path, monkeypatch, arch, **engine_kwargs):
     """Ranks 0-1 hold stage 0, ranks 2-3 stage 1 (4 heads, 2 KV heads: one KV head per TP rank);
-    rank 2 samples. Llama's 3 layers split 1 + 2."""
+    rank 2 samples. Llama's 3 layers split 2 + 1."""
     monkeypatch.delenv(PARTITION_ENV, raising=False)
     hf_model = save_tiny_model(tmp_path, arch, seed=4, **({"num_hidden_layers": 3} if arch == "llama" else {}))
     check_against_transformers(tmp_path, hf_model, random_prompts(2, 3, 16, seed=5),

@@ -22,13 +22,22 @@ def stage(monkeypatch):
     return set_stage
 
 
-def test_even_split_gives_the_remainder_to_the_last_stages(monkeypatch):
+@pytest.mark.parametrize("num_layers, pp_size, indices", [
+    # vLLM's documented split (its uneven-partition test cases).
+    (2, 2, [(0, 1), (1, 2)]),
+    (3, 2, [(0, 2), (2, 3)]),
+    (3, 3, [(0, 1), (1, 2), (2, 3)]),
+    (4, 3, [(0, 1), (1, 3), (3, 4)]),
+    (5, 3, [(0, 2), (2, 4), (4, 5)]),
+    (10, 4, [(0, 2), (2, 5), (5, 8), (8, 10)]),
+    (32, 4, [(0, 8), (8, 16), (16, 24), (24, 32)]),
+    (5, 1, [(0, 5)]),
+])
+def test_default_split_gives_the_remainder_to_the_stages_before_the_last(monkeypatch, num_layers, pp_size,
+                                                                         indices):
     monkeypatch.delenv(PARTITION_ENV, raising=False)
-    assert even_partition(10, 4) == [2, 2, 3, 3]
-    assert even_partition(8, 3) == [2, 3, 3]
-    assert even_partition(32, 4) == [8] * 4
-    assert [get_pp_indices(10, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 7), (7, 10)]
-    assert get_pp_indices(5, 0, 1) == (0, 5)
+    assert [get_pp_indices(num_layers, r, pp_size) for r in range(pp_size)] == indices
+    assert even_partition(num_layers, pp_size) == [end - start for start, end in indices]
 
 
 def test_partition_variable(monkeypatch):
@@ -72,7 +81,7 @@ def _stage_params(model) -> set[str]:
 
 
 def test_stages_build_and_load_only_their_layers(llama_dir, stage, monkeypatch):
-    """Even split of 3 layers on 2 stages: [0] and [1, 2]; embeddings on the first, final norm
+    """Default split of 3 layers on 2 stages: [0, 1] and [2]; embeddings on the first, final norm
     and LM head on the last. Loading the whole checkpoint fills exactly the stage's parameters
     (the loader fails on any it lacks) and skips the rest."""
     monkeypatch.delenv(PARTITION_ENV, raising=False)
@@ -81,8 +90,8 @@ def test_stages_build_and_load_only_their_layers(llama_dir, stage, monkeypatch):
     first = load_ours(llama_dir)
     stage(1, 2)
     last = load_ours(llama_dir)
-    assert (first.model.pp.start, first.model.pp.end, last.model.pp.start, last.model.pp.end) == (0, 1, 1, 3)
-    for model, held, missing in ((first, [0], [1, 2]), (last, [1, 2], [0])):
+    assert (first.model.pp.start, first.model.pp.end, last.model.pp.start, last.model.pp.end) == (0, 2, 2, 3)
+    for model, held, missing in ((first, [0, 1], [2]), (last, [2], [0, 1])):
         for i in missing:
             assert isinstance(model.model.layers[i], PPMissingLayer)
             assert is_pp_missing(model, f"model.layers.{i}.mlp.down_proj.weight")

@@ -1,9 +1,9 @@
 """Which decoder layers each pipeline stage holds.
 
 vLLM's rule: ``num_layers // pp_size`` layers per stage, and the ``num_layers % pp_size`` left
-over go one each to the last stages (the first stage also holds the embeddings, the last the
-final norm and LM head, so the extra layers go to the stages after the first). For 10 layers
-on 4 stages: 2, 2, 3, 3.
+over go one each to the stages before the last, from the second-to-last backwards (the last
+stage also holds the final norm, LM head and sampling, so it takes no extra layer). For 10
+layers on 4 stages: 2, 3, 3, 2; 5 on 3: 2, 2, 1.
 
 ``VLLM_PP_LAYER_PARTITION`` overrides it with a comma list of layer counts, one per stage, in
 stage order ("5,3" puts layers 0-4 on stage 0 and 5-7 on stage 1).
@@ -38,13 +38,17 @@ def _example(num_layers: int, pp_size: int) -> str:
 
 
 def even_partition(num_layers: int, pp_size: int) -> list[int]:
-    """vLLM's default split: equal counts, the remainder one each to the last stages."""
+    """vLLM's default split: equal counts, the remainder one each to the stages before the last
+    (second-to-last first)."""
     base, rem = divmod(num_layers, pp_size)
-    return [base + (1 if stage >= pp_size - rem else 0) for stage in range(pp_size)]
+    counts = [base] * pp_size
+    for k in range(rem):  # rem < pp_size: never reaches the last stage
+        counts[pp_size - 2 - k] += 1
+    return counts
 
 
 def stage_layer_counts(num_layers: int, pp_size: int) -> list[int]:
-    """Each stage's layer count: ``VLLM_PP_LAYER_PARTITION`` when set, else the even split."""
+    """Each stage's layer count: ``VLLM_PP_LAYER_PARTITION`` when set, else vLLM's split."""
     if not isinstance(pp_size, int) or pp_size < 1:
         raise ValueError(f"pipeline_parallel_size must be an integer >= 1, got {pp_size!r}")
     if pp_size == 1:
