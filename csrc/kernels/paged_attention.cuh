@@ -18,8 +18,8 @@
 // One partition: the normalized output is written directly. Several: the partition's
 // unnormalized output, max and exp-sum go to fp32 scratch and a second kernel combines
 // them (log-sum-exp rescaling). Everything is fp32 inside; FP16 uses no BF16 path.
-// The cache element C is T, or an FP8 format (kernels/kv_fp8.cuh: 16 elements per 16-byte
-// load, decoded in software); the host folds the key scale into params.scale and the value
+// The cache element C is T, or an FP8 format (kernels/kv_fp8.cuh: decoded in software, 8
+// elements per 8-byte load here); the host folds the key scale into params.scale and the value
 // scale into params.v_scale.
 #pragma once
 
@@ -128,11 +128,11 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
     __trap();
   } else {
     using S = typename CacheStorage<C>::type;
-    using R = RowLanes<S, D>;  // the lanes follow the cache's 16-byte vectors
+    // Lanes as for 16-byte vectors of T; an FP8 cache is read 8 bytes (8 elements) per vector
+    // then, so the registers per lane (queries, accumulators) are those of a 16-bit cache.
+    using R = RowLanes<T, D>;
     using V = Vec<S, R::kVec>;
-    // Queries are read in 16-byte pieces of T (an FP8 row vector spans 2 or 4 of them).
-    constexpr int kQVec = 16 / sizeof(T) < R::kVec ? 16 / sizeof(T) : R::kVec;
-    using QV = Vec<T, kQVec>;
+    using QV = Vec<T, R::kVec>;  // 16 bytes of queries
     constexpr int U = kPagedTokensInFlight;
     const int seq = blockIdx.y;
     const int part = blockIdx.z;
@@ -172,14 +172,10 @@ __global__ void paged_attention_decode_kernel(T* __restrict__ out, float* __rest
       for (int c = 0; c < R::kPerLane; ++c) {
         const int vi = lane + c * R::kLanes;
         const bool live = h < hpb && vi < R::kVecs;  // heads past hpb: q = 0, never stored
+        QV qv;
+        if (live) qv = qrow[vi];
 #pragma unroll
-        for (int piece = 0; piece < R::kVec / kQVec; ++piece) {
-          QV qv;
-          if (live) qv = qrow[vi * (R::kVec / kQVec) + piece];
-#pragma unroll
-          for (int j = 0; j < kQVec; ++j)
-            q[h][c][piece * kQVec + j] = live ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
-        }
+        for (int j = 0; j < R::kVec; ++j) q[h][c][j] = live ? Convert<T>::to_float(qv.v[j]) * p.scale : 0.f;
       }
     }
     // This lane's slices of the rows of tokens base + u * num_groups + group (u < U) of one
