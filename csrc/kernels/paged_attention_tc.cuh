@@ -74,7 +74,7 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
   constexpr bool kFp8 = is_fp8<C>::value;
   constexpr int LDS = tc_stage_stride(D);
   constexpr int kPerVec = 16 / sizeof(S);  // cache elements per 16-byte load (8, or 16 for FP8)
-  constexpr int VR = D / kPerVec;          // 16-byte loads per row
+  constexpr int VR = D / kPerVec;          // 16-byte loads per cache row
   static_assert(D % 32 == 0, "head size must be a multiple of 32");
   const int seq = blockIdx.y;
   const int seq_len = seq_lens[seq];
@@ -100,8 +100,9 @@ __device__ __forceinline__ void paged_attention_decode_tc(T* __restrict__ out, f
   T* probs = probs_all + warp * kTcRows * kTcProbStride;
 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int idx = threadIdx.x; idx < kTcRows * VR; idx += blockDim.x) {
-    const int h = idx / VR, c = idx % VR;
+  constexpr int QVR = D / 8;  // 16-byte vectors per query row (queries are T, whatever the cache)
+  for (int idx = threadIdx.x; idx < kTcRows * QVR; idx += blockDim.x) {
+    const int h = idx / QVR, c = idx % QVR;
     uint4 v = zero;
     if (h < hpb) v = *reinterpret_cast<const uint4*>(query + seq * p.q_stride + static_cast<int64_t>(head0 + h) * D + c * 8);
     *reinterpret_cast<uint4*>(q_s + h * D + c * 8) = v;
