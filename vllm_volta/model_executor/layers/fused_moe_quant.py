@@ -44,7 +44,11 @@ def unsupported_reason(layer: nn.Module) -> str | None:
     if layer.act_dtype != torch.float16:
         return f"quantized experts run float16 activations on the GPU path, the model runs {layer.act_dtype}"
     needed = "moe_w4_gemv_act_and_mul" if method.kind == "w4" else "moe_gemv_silu_and_mul"
-    if not ops.has_cuda_kernel(needed) or not ops.has_cuda_kernel("moe_grouped_gemm"):
+    try:
+        built = ops.has_cuda_kernel(needed) and ops.has_cuda_kernel("moe_grouped_gemm")
+    except RuntimeError:  # an extension built before the op existed
+        built = False
+    if not built:
         return f"this build has no CUDA kernel {needed}"
     hidden, inter = layer.w2_sz.shape[1] if method.kind == "w4" else layer.w2_weight.shape[1], layer.intermediate
     if hidden % 32 or inter % 32:
@@ -63,13 +67,13 @@ def _local(layer: nn.Module, ids: torch.Tensor, weights: torch.Tensor) -> tuple[
     return ids.masked_fill(elsewhere, 0), weights.masked_fill(elsewhere, 0.0)
 
 
-def _gathered(layer: nn.Module, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w13, w2) float16 of local ``experts`` (int32 [n]), one copy per entry."""
+def _gathered(layer: nn.Module, experts: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w13, w2) in ``dtype`` (float16 on this path) of local ``experts`` (int32 [n]), one copy per entry."""
     if layer.quant_method.kind == "fp8":
-        return layer.quant_method.gathered_weights(layer, experts.long(), torch.float16)
+        return layer.quant_method.gathered_weights(layer, experts.long(), dtype)
     n, inter, hidden = experts.numel(), layer.intermediate, layer.w13_qweight.shape[2] * 8
-    w13 = torch.empty(n, 2 * inter, hidden, dtype=torch.float16, device=experts.device)
-    w2 = torch.empty(n, hidden, inter, dtype=torch.float16, device=experts.device)
+    w13 = torch.empty(n, 2 * inter, hidden, dtype=dtype, device=experts.device)
+    w2 = torch.empty(n, hidden, inter, dtype=dtype, device=experts.device)
     ops.moe_w4_dequantize(w13, layer.w13_qweight, layer.w13_sz, experts)
     ops.moe_w4_dequantize(w2, layer.w2_qweight, layer.w2_sz, experts)
     return w13, w2
@@ -98,7 +102,7 @@ def quantized_experts(layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, weig
         info_once(logger, "MoE %s experts on the device: the chosen experts dequantized per pair, float16 "
                   "expert GEMVs (up to %d pairs)", kind, GATHER_MAX_PAIRS)
         ids, weights = _local(layer, ids, weights)
-        w13, w2 = _gathered(layer, ids.flatten())
+        w13, w2 = _gathered(layer, ids.flatten(), x.dtype)
         pair_ids = torch.arange(tokens * top_k, dtype=torch.int32, device=x.device).view(tokens, top_k)
         return fused_moe.fused_experts(x, w13, w2, weights, pair_ids, {"path": "gemv", "rows_per_block": 0},
                                        activation)
@@ -119,7 +123,7 @@ def _chunked(layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, weights: torc
     for start in range(0, experts, per_chunk):
         count = min(per_chunk, experts - start)
         chunk = torch.arange(start, start + count, dtype=torch.int32, device=x.device)
-        w13, w2 = _gathered(layer, chunk)
+        w13, w2 = _gathered(layer, chunk, x.dtype)
         # global id -> index in this chunk, -1 elsewhere (the grouped GEMM leaves those pairs out)
         shifted = local.long() - start
         chunk_map_ids = torch.where((shifted >= 0) & (shifted < count), shifted, -1).to(torch.int32)
