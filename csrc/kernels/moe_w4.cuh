@@ -46,6 +46,8 @@ __device__ __forceinline__ void moe_w4_dequant8(unsigned q, __half2 s2, __half2 
   w[3] = __hmul2(__hfma2(moe_w4_as_half2((q8 & kHi) | kMagic), sixteenth, nz64), s2);
 }
 
+__device__ __forceinline__ unsigned moe_w4_bits(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
+
 __device__ __forceinline__ unsigned moe_w4_word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < 4; ++j) {
       __half2 w[4];
       moe_w4_dequant8(moe_w4_word(qv, j), s2, nz1024, nz64, w);
-      dst[j] = *reinterpret_cast<const uint4*>(w);
+      dst[j] = make_uint4(moe_w4_bits(w[0]), moe_w4_bits(w[1]), moe_w4_bits(w[2]), moe_w4_bits(w[3]));
     }
   }
 }
