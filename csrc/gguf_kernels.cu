@@ -55,8 +55,8 @@ void gguf_gemv(Tensor out, Tensor input, Tensor weight, int64_t qtype, std::opti
     using B = typename decltype(type_tag)::type;
     dispatch_gguf_rows(m, [&](auto m_tag) {
       constexpr int M = decltype(m_tag)::value;
-      launch_kernel(gguf_gemv_kernel<M, kGgufRowsPerWarp, B>,
-                    dim3(static_cast<unsigned>(ceil_div(a.n, kGgufGemvWarps * kGgufRowsPerWarp))),
+      constexpr int R = gguf_rows_per_warp<M>();
+      launch_kernel(gguf_gemv_kernel<M, R, B>, dim3(static_cast<unsigned>(ceil_div(a.n, kGgufGemvWarps * R))),
                     dim3(kGgufGemvWarps * 32), 0, stream, false, static_cast<__half*>(out.data_ptr()),
                     m > 1 ? out.stride(0) : a.n, static_cast<const __half*>(input.data_ptr()),
                     m > 1 ? input.stride(0) : a.k, static_cast<const uint8_t*>(weight.data_ptr()), a.row_bytes,

@@ -3,20 +3,21 @@
 //
 // A weight [N, K] is N rows of K / block_elems GGUF blocks each (row_bytes = that times
 // block_bytes), exactly as the file stores it (layouts: vllm_volta/model_executor/model_loader/
-// gguf_dequant.py). Every type is walked in steps of 256 weights of a row: one K-quant
-// super-block, or eight 32-weight blocks. Lane l of a warp owns weights [8 l, 8 l + 8) of each
-// step, which always share one scale (sub-blocks are 16 or 32 wide), so a lane decodes 8 small
-// integers q and one (scale, offset): w = scale * q - offset. The products with x are then
-// summed on the integers and scaled once per sub-block:
+// gguf_dequant.py). Every type is walked in steps of 1024 weights of a row (four K-quant
+// super-blocks, or 32 blocks of 32): each lane of a warp owns 32 of them, as 4 groups of 8
+// consecutive weights under one sub-block scale each (sub-blocks are 16 or 32 wide). A group
+// decodes to 8 small integers q and one (scale, offset), w = scale * q - offset, so its products
+// with x are summed on the integers and scaled once:
 //   sum_i w_i x_i = scale * sum_i q_i x_i - offset * sum_i x_i.
-// Loads: the K-quants Q4_K / Q5_K read their 8 quant bytes as one 8-byte load (their blocks are
-// multiples of 16 bytes); Q6_K (210-byte), Q8_0 (34) and Q4_0 (18) blocks are only 2-byte
-// aligned in a row, so those read 16-bit words.
+// Integers become floats through their exponent bits (PRMT + FADD), not I2F (a conversion-pipe
+// instruction). Loads: Q4_K / Q5_K blocks are multiples of 16 bytes, so a lane reads its 16 quant
+// bytes in one 16-byte load; Q6_K (210-byte), Q8_0 (34) and Q4_0 (18) blocks are only 2-byte
+// aligned in a row, so those read 16-bit words or aligned words joined by funnel shifts.
 //  gguf_gemv_kernel<M, R, B>: out[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]) for M <= 8 decode
-//    rows; R (kGgufRowsPerWarp) weight rows per warp, kGgufGemvWarps warps per block, warp-shuffle
-//    reduction. Integers become floats through their exponent bits (PRMT + FADD), not I2F.
-//  gguf_dequantize_kernel<B>: out [N, K] float16 = W, 8 weights (one 16-byte store) per thread,
-//    each rounded once from float32.
+//    rows; R (gguf_rows_per_warp<M>) weight rows per warp sharing x's loads, conversions and sums,
+//    kGgufGemvWarps warps per block, warp-shuffle reduction.
+//  gguf_dequantize_kernel<B>: out [N, K] float16 = W, 32 weights (four 16-byte stores) per
+//    thread, each rounded once from float32.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -29,6 +30,7 @@ using int64_t = long long;
 using uint32_t = unsigned int;
 using uint16_t = unsigned short;
 using uint8_t = unsigned char;
+using uintptr_t = unsigned long long;
 #else
 #include <cstdint>
 #endif
@@ -37,8 +39,13 @@ namespace vllm_volta {
 
 constexpr int kGgufGemvMaxRows = 8;
 constexpr int kGgufGemvWarps = 4;      // warps per block of the gemv
-constexpr int kGgufRowsPerWarp = 2;    // output features per warp (they share x's loads)
-constexpr int kGgufStep = 256;     // weights of a row per warp step
+// Output features per warp (they share x's loads, conversions and sums): 4 for one input row,
+// where x's share of the work is largest, else 2 (registers for the rows' x values).
+template <int M>
+__host__ __device__ constexpr int gguf_rows_per_warp() {
+  return M == 1 ? 4 : 2;
+}
+constexpr int kGgufStep = 1024;    // weights of a row per warp step (32 a lane)
 
 // GGML type ids (gguf.GGMLQuantizationType) of the types kept quantized.
 constexpr int kGgmlQ4_0 = 2;
@@ -73,14 +80,28 @@ __device__ __forceinline__ void bytes8_to_float(uint32_t lo, uint32_t hi, float 
   bytes_to_float(hi, q + 4);
 }
 
-// 8 bytes at p (8-byte aligned) as two little-endian words.
-__device__ __forceinline__ uint2 load8_aligned(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+// Bytes 0x80 | q << (7 - b) of v (q < 2^b) as the floats 1 + q / 2^b: one PRMT each puts the byte
+// under the exponent of 1.0 (its 0x80 is the exponent's lowest bit), so no FADD is needed.
+__device__ __forceinline__ void unit_bytes_to_float(uint32_t v, float* f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = __int_as_float(static_cast<int>(__byte_perm(v, 0x3F800000u, 0x7044 | (i << 8))));
+}
 
-// 8 bytes at p (2-byte aligned) as two little-endian words.
-__device__ __forceinline__ uint2 load8_u16(const uint8_t* p) {
-  const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-  const uint32_t a = __ldg(h), b = __ldg(h + 1), c = __ldg(h + 2), d = __ldg(h + 3);
-  return make_uint2(a | (b << 16), c | (d << 16));
+// 8 integers q < 2^kBits (bytes of lo, hi) of a group with w = scale * q - offset. Exact (kUnit
+// false): q as floats. kUnit (the gemv, kBits <= 7): u = 1 + q / 2^kBits with scale and offset
+// rewritten so that w = scale * u - offset still holds (scale * u is q's term plus a constant).
+template <bool kUnit, int kBits>
+__device__ __forceinline__ void decode8(uint32_t lo, uint32_t hi, float (&q)[8], float& scale, float& offset) {
+  if constexpr (kUnit && kBits <= 7) {
+    constexpr int kShift = 7 - kBits;
+    constexpr float kUnitScale = static_cast<float>(1 << kBits);
+    unit_bytes_to_float((lo << kShift) | 0x80808080u, q);
+    unit_bytes_to_float((hi << kShift) | 0x80808080u, q + 4);
+    offset = fmaf(scale, kUnitScale, offset);
+    scale *= kUnitScale;
+  } else {
+    bytes8_to_float(lo, hi, q);
+  }
 }
 
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
@@ -91,10 +112,31 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 
-// The 6-bit (scale, min) of sub-block j (0..7) of Q4_K / Q5_K from the 12 bytes at p (4-aligned),
+// 8 bytes at p (2-byte aligned) as two little-endian words.
+__device__ __forceinline__ uint2 load8_u16(const uint8_t* p) {
+  const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+  const uint32_t a = __ldg(h), b = __ldg(h + 1), c = __ldg(h + 2), d = __ldg(h + 3);
+  return make_uint2(a | (b << 16), c | (d << 16));
+}
+
+// N words (4 N bytes) at p, 2-byte aligned: aligned 32-bit loads joined by funnel shifts. Where p is
+// not 4-byte aligned one more aligned word is read; it holds the last two bytes wanted, so it lies
+// inside the (4-byte aligned) allocation.
+template <int N>
+__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+  const int misaligned = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 2u);
+  const unsigned int* base = reinterpret_cast<const unsigned int*>(p - misaligned);
+  uint32_t raw[N + 1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) raw[i] = __ldg(base + i);
+  raw[N] = misaligned ? __ldg(base + N) : 0u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], 8 * misaligned);
+}
+
+// The 6-bit (scale, min) of sub-block j (0..7) of Q4_K / Q5_K from their 12 bytes (s0, s1, s2),
 // without branches (lanes of one warp hold different j).
-__device__ __forceinline__ void k_scale_min(const uint8_t* p, int j, float& sc, float& mn) {
-  const uint32_t s0 = load_u32(p), s1 = load_u32(p + 4), s2 = load_u32(p + 8);
+__device__ __forceinline__ void k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, float& sc, float& mn) {
   const int i = j & 3;
   const uint32_t b0 = byte_of(s0, i), b1 = byte_of(s1, i), b2 = byte_of(s2, i);
   const bool low = j < 4;
@@ -106,111 +148,191 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* p, int j, float& sc, 
 
 }  // namespace gguf
 
-// Each block type: kBlockElems, kBlockBytes, lane_valid(nblocks, step, lane) (false where the
-// lane's 8 weights lie past the row's end: only the 32-weight types, when K is not a multiple of
-// 256) and load(row, step, lane, q, scale, offset), which decodes the lane's 8 weights of `step`:
-// w_i = scale * q_i - offset, with q_i small non-negative integers.
+// Every type is walked in steps of 1024 weights of a row; a lane owns 32 of them as 4 groups of 8
+// consecutive weights, each group under one sub-block scale. A block type gives:
+//   lane_valid(nblocks, step, lane): whether the lane's weights exist (K need not fill the step);
+//   fetch(row, step, lane, raw): the lane's raw words and its groups' scales (loads only here);
+//   x_offset(step, lane, g): the first weight of group g in the row;
+//   group<kUnit>(raw, g, q, scale, offset): group g's 8 weights, w_i = scale * q_i - offset, q_i
+//     small non-negative integers as floats (exact: the dequantize kernel), or with kUnit the
+//     cheaper 1 + q_i / 2^bits (gguf::decode8: the gemv).
+// K-quants: 4 super-blocks a step, 8 lanes each; 32-weight types: 32 blocks a step, one a lane.
 
 // Q4_K: d, dmin f16; scales u8[12]; qs u8[128] (4 chunks of 32: low nibbles sub-block 2c, high 2c+1).
+// Lane: chunk c, half hf: qs[32 c + 16 hf, + 16), i.e. weights 16 hf.. of sub-blocks 2c and 2c + 1.
 struct GgufQ4K {
   static constexpr int kBlockElems = 256, kBlockBytes = 144;
-  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
-  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
-                                              float& offset) {
-    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
-    const int j = lane >> 2, pos = (lane & 3) * 8;
+  struct Raw {
+    uint4 qs;
+    float scale[2], offset[2];
+  };
+  __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
+    return step * 4 + (lane >> 3) < nblocks;
+  }
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) {
+    return (step * 4 + (lane >> 3)) * 256 + 64 * ((lane >> 1) & 3) + 16 * (lane & 1) + (g & 1) * 8 + (g >> 1) * 32;
+  }
+  __device__ __forceinline__ static void fetch_scales(const uint8_t* b, int c, Raw& raw) {
     const uint32_t dm = gguf::load_u32(b);
-    float sc, mn;
-    gguf::k_scale_min(b + 4, j, sc, mn);
-    const uint2 qs = gguf::load8_aligned(b + 16 + 32 * (j >> 1) + pos);
-    const int shift = (j & 1) * 4;
-    gguf::bytes8_to_float((qs.x >> shift) & 0x0F0F0F0Fu, (qs.y >> shift) & 0x0F0F0F0Fu, q);
-    scale = gguf::half_bits(dm) * sc;
-    offset = gguf::half_bits(dm >> 16) * mn;
+    const uint32_t s0 = gguf::load_u32(b + 4), s1 = gguf::load_u32(b + 8), s2 = gguf::load_u32(b + 12);
+    const float d = gguf::half_bits(dm), dmin = gguf::half_bits(dm >> 16);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sc, mn;
+      gguf::k_scale_min(s0, s1, s2, 2 * c + i, sc, mn);
+      raw.scale[i] = d * sc;
+      raw.offset[i] = dmin * mn;
+    }
+  }
+  __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
+    const uint8_t* b = row + (step * 4 + (lane >> 3)) * kBlockBytes;  // rows are < 2^31 bytes
+    const int c = (lane >> 1) & 3;
+    raw.qs = __ldg(reinterpret_cast<const uint4*>(b + 16 + 32 * c + 16 * (lane & 1)));
+    fetch_scales(b, c, raw);
+  }
+  template <bool kUnit>
+  __device__ __forceinline__ static void group(const Raw& raw, int g, float (&q)[8], float& scale, float& offset) {
+    const int shift = (g >> 1) * 4;  // groups 0, 1: low nibbles (sub-block 2c); 2, 3: high (2c + 1)
+    const uint32_t lo = (g & 1) ? raw.qs.z : raw.qs.x, hi = (g & 1) ? raw.qs.w : raw.qs.y;
+    scale = raw.scale[g >> 1];
+    offset = raw.offset[g >> 1];
+    gguf::decode8<kUnit, 4>((lo >> shift) & 0x0F0F0F0Fu, (hi >> shift) & 0x0F0F0F0Fu, q, scale, offset);
   }
 };
 
 // Q5_K: as Q4_K plus qh u8[32] before qs: the fifth bit of sub-block j, element e is bit j of qh[e].
 struct GgufQ5K {
   static constexpr int kBlockElems = 256, kBlockBytes = 176;
-  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
-  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
-                                              float& offset) {
-    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
-    const int j = lane >> 2, pos = (lane & 3) * 8;
-    const uint32_t dm = gguf::load_u32(b);
-    float sc, mn;
-    gguf::k_scale_min(b + 4, j, sc, mn);
-    const uint2 qh = gguf::load8_aligned(b + 16 + pos);
-    const uint2 qs = gguf::load8_aligned(b + 48 + 32 * (j >> 1) + pos);
-    const int shift = (j & 1) * 4;
-    const uint32_t lo = ((qs.x >> shift) & 0x0F0F0F0Fu) | (((qh.x >> j) & 0x01010101u) << 4);
-    const uint32_t hi = ((qs.y >> shift) & 0x0F0F0F0Fu) | (((qh.y >> j) & 0x01010101u) << 4);
-    gguf::bytes8_to_float(lo, hi, q);
-    scale = gguf::half_bits(dm) * sc;
-    offset = gguf::half_bits(dm >> 16) * mn;
+  struct Raw {
+    uint4 qs, qh;
+    float scale[2], offset[2];
+    int c;
+  };
+  __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
+    return GgufQ4K::lane_valid(nblocks, step, lane);
+  }
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) { return GgufQ4K::x_offset(step, lane, g); }
+  __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
+    const uint8_t* b = row + (step * 4 + (lane >> 3)) * kBlockBytes;
+    raw.c = (lane >> 1) & 3;
+    raw.qh = __ldg(reinterpret_cast<const uint4*>(b + 16 + 16 * (lane & 1)));
+    raw.qs = __ldg(reinterpret_cast<const uint4*>(b + 48 + 32 * raw.c + 16 * (lane & 1)));
+    GgufQ4K::Raw k;
+    GgufQ4K::fetch_scales(b, raw.c, k);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      raw.scale[i] = k.scale[i];
+      raw.offset[i] = k.offset[i];
+    }
+  }
+  template <bool kUnit>
+  __device__ __forceinline__ static void group(const Raw& raw, int g, float (&q)[8], float& scale, float& offset) {
+    const int shift = (g >> 1) * 4, bit = 2 * raw.c + (g >> 1);
+    const uint32_t lo = (g & 1) ? raw.qs.z : raw.qs.x, hi = (g & 1) ? raw.qs.w : raw.qs.y;
+    const uint32_t hlo = (g & 1) ? raw.qh.z : raw.qh.x, hhi = (g & 1) ? raw.qh.w : raw.qh.y;
+    scale = raw.scale[g >> 1];
+    offset = raw.offset[g >> 1];
+    gguf::decode8<kUnit, 5>(((lo >> shift) & 0x0F0F0F0Fu) | (((hlo >> bit) & 0x01010101u) << 4),
+                            ((hi >> shift) & 0x0F0F0F0Fu) | (((hhi >> bit) & 0x01010101u) << 4), q, scale, offset);
   }
 };
 
 // Q6_K: ql u8[128], qh u8[64], scales int8[16], d f16. Half h (128 weights) = 4 runs of 32: run r,
 // element l takes the low nibble (r < 2) or high nibble (r >= 2) of ql[64 h + 32 (r & 1) + l] and
-// bits 2r, 2r + 1 of qh[32 h + l]; w = d * scale[sub-block of 16] * (q - 32).
+// bits 2r, 2r + 1 of qh[32 h + l]; w = d * scale[sub-block of 16] * (q - 32). Lane: half h,
+// elements l in [p, p + 8) of all 4 runs (group g = run g).
 struct GgufQ6K {
   static constexpr int kBlockElems = 256, kBlockBytes = 210;
-  __device__ __forceinline__ static bool lane_valid(int, int, int) { return true; }
-  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
-                                              float& offset) {
-    const uint8_t* b = row + step * kBlockBytes;  // rows are < 2^31 bytes
-    const int h = lane >> 4, run = (lane >> 2) & 3, l0 = (lane & 3) * 8;
-    const uint2 ql = gguf::load8_u16(b + 64 * h + 32 * (run & 1) + l0);
-    const uint2 qh = gguf::load8_u16(b + 128 + 32 * h + l0);
-    const int low_shift = (run >> 1) * 4, high_shift = 2 * run;
-    const uint32_t lo = ((ql.x >> low_shift) & 0x0F0F0F0Fu) | (((qh.x >> high_shift) & 0x03030303u) << 4);
-    const uint32_t hi = ((ql.y >> low_shift) & 0x0F0F0F0Fu) | (((qh.y >> high_shift) & 0x03030303u) << 4);
-    gguf::bytes8_to_float(lo, hi, q);
-    // The lane's 8 weights are half of sub-block lane / 2: its signed scale byte, offset by 128.
-    const float sub_scale = gguf::int_bits_to_float(__ldg(b + 192 + (lane >> 1)) ^ 0x80u) - 128.f;
-    scale = gguf::half_bits(gguf::load_u16(b + 208)) * sub_scale;
+  struct Raw {
+    uint2 ql[2], qh;
+    float scale[4];
+  };
+  __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
+    return step * 4 + (lane >> 3) < nblocks;
+  }
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) {
+    return (step * 4 + (lane >> 3)) * 256 + 128 * ((lane >> 2) & 1) + 32 * g + 8 * (lane & 3);
+  }
+  __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
+    const uint8_t* b = row + (step * 4 + (lane >> 3)) * kBlockBytes;  // 2-byte aligned
+    const int h = (lane >> 2) & 1, p = 8 * (lane & 3);
+    raw.ql[0] = gguf::load8_u16(b + 64 * h + p);
+    raw.ql[1] = gguf::load8_u16(b + 64 * h + 32 + p);
+    raw.qh = gguf::load8_u16(b + 128 + 32 * h + p);
+    const float d = gguf::half_bits(gguf::load_u16(b + 208));
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      // Sub-block (128 h + 32 g + p) / 16: its signed scale byte, offset by 128 to read it unsigned.
+      const uint32_t sub = __ldg(b + 192 + 8 * h + 2 * g + (p >> 4));
+      raw.scale[g] = d * (gguf::int_bits_to_float(sub ^ 0x80u) - 128.f);
+    }
+  }
+  template <bool kUnit>
+  __device__ __forceinline__ static void group(const Raw& raw, int g, float (&q)[8], float& scale, float& offset) {
+    const uint2 ql = raw.ql[g & 1];
+    const int low_shift = (g >> 1) * 4, high_shift = 2 * g;
+    scale = raw.scale[g];
     offset = 32.f * scale;
+    gguf::decode8<kUnit, 6>(((ql.x >> low_shift) & 0x0F0F0F0Fu) | (((raw.qh.x >> high_shift) & 0x03030303u) << 4),
+                            ((ql.y >> low_shift) & 0x0F0F0F0Fu) | (((raw.qh.y >> high_shift) & 0x03030303u) << 4), q,
+                            scale, offset);
   }
 };
 
-// Q8_0: d f16, q int8[32]; w = d * q = d * (q + 128) - 128 d.
+// Q8_0: d f16, q int8[32]; w = d * q = d * (q + 128) - 128 d. Lane: one block.
 struct GgufQ8_0 {
   static constexpr int kBlockElems = 32, kBlockBytes = 34;
+  struct Raw {
+    uint32_t qs[8];
+    float scale;
+  };
   __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
-    return step * 8 + (lane >> 2) < nblocks;
+    return step * 32 + lane < nblocks;
   }
-  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
-                                              float& offset) {
-    const uint8_t* b = row + (step * 8 + (lane >> 2)) * kBlockBytes;
-    const uint2 qs = gguf::load8_u16(b + 2 + (lane & 3) * 8);
-    gguf::bytes8_to_float(qs.x ^ 0x80808080u, qs.y ^ 0x80808080u, q);  // q + 128, as unsigned bytes
-    scale = gguf::half_bits(gguf::load_u16(b));
-    offset = 128.f * scale;
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) { return (step * 32 + lane) * 32 + 8 * g; }
+  __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
+    const uint8_t* b = row + (step * 32 + lane) * kBlockBytes;
+    gguf::load_words_a2<8>(b + 2, raw.qs);
+    raw.scale = gguf::half_bits(gguf::load_u16(b));
+  }
+  template <bool kUnit>
+  __device__ __forceinline__ static void group(const Raw& raw, int g, float (&q)[8], float& scale, float& offset) {
+    scale = raw.scale;
+    offset = 128.f * raw.scale;
+    // q + 128 as unsigned bytes: 8 bits, always exact floats.
+    gguf::decode8<kUnit, 8>(raw.qs[2 * g] ^ 0x80808080u, raw.qs[2 * g + 1] ^ 0x80808080u, q, scale, offset);
   }
 };
 
 // Q4_0: d f16, qs u8[16]: weights 0..15 the low nibbles, 16..31 the high ones; w = d * (q - 8).
+// Lane: one block.
 struct GgufQ4_0 {
   static constexpr int kBlockElems = 32, kBlockBytes = 18;
+  struct Raw {
+    uint32_t qs[4];
+    float scale;
+  };
   __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
-    return step * 8 + (lane >> 2) < nblocks;
+    return GgufQ8_0::lane_valid(nblocks, step, lane);
   }
-  __device__ __forceinline__ static void load(const uint8_t* row, int step, int lane, float (&q)[8], float& scale,
-                                              float& offset) {
-    const uint8_t* b = row + (step * 8 + (lane >> 2)) * kBlockBytes;
-    const int part = lane & 3;  // weights [8 part, 8 part + 8) of the block
-    const uint2 qs = gguf::load8_u16(b + 2 + 8 * (part & 1));
-    const int shift = (part >> 1) * 4;
-    gguf::bytes8_to_float((qs.x >> shift) & 0x0F0F0F0Fu, (qs.y >> shift) & 0x0F0F0F0Fu, q);
-    scale = gguf::half_bits(gguf::load_u16(b));
-    offset = 8.f * scale;
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) { return GgufQ8_0::x_offset(step, lane, g); }
+  __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
+    const uint8_t* b = row + (step * 32 + lane) * kBlockBytes;
+    gguf::load_words_a2<4>(b + 2, raw.qs);
+    raw.scale = gguf::half_bits(gguf::load_u16(b));
+  }
+  template <bool kUnit>
+  __device__ __forceinline__ static void group(const Raw& raw, int g, float (&q)[8], float& scale, float& offset) {
+    const int shift = (g >> 1) * 4, word = 2 * (g & 1);  // groups 0, 1: low nibbles; 2, 3: high
+    scale = raw.scale;
+    offset = 8.f * raw.scale;
+    gguf::decode8<kUnit, 4>((raw.qs[word] >> shift) & 0x0F0F0F0Fu, (raw.qs[word + 1] >> shift) & 0x0F0F0F0Fu, q,
+                            scale, offset);
   }
 };
 
-// x[e .. e + 8) of one float16 row (16-byte aligned) as floats.
-__device__ __forceinline__ void gguf_load_x8(const __half* row, int64_t e, float (&f)[8]) {
+// x[e .. e + 8) of one float16 row (16-byte aligned) as floats, and their sum.
+__device__ __forceinline__ float gguf_load_x8(const __half* row, int e, float (&f)[8]) {
   const uint4 v = *reinterpret_cast<const uint4*>(row + e);
   const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
@@ -219,6 +341,7 @@ __device__ __forceinline__ void gguf_load_x8(const __half* row, int64_t e, float
     f[2 * i] = p.x;
     f[2 * i + 1] = p.y;
   }
+  return ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
 }
 
 // M input rows (row stride x_stride, 16-byte aligned rows), weight rows of row_bytes bytes; each
@@ -244,26 +367,29 @@ __global__ void __launch_bounds__(kGgufGemvWarps * 32)
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-#pragma unroll 4
+#pragma unroll 2
   for (int s = 0; s < steps; ++s) {
     if (!B::lane_valid(nblocks, s, lane)) continue;
-    const int64_t e = static_cast<int64_t>(s) * kGgufStep + lane * 8;
-    float xf[M][8], xsum[M];
+    typename B::Raw raw[R];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      gguf_load_x8(x + m * x_stride, e, xf[m]);
-      xsum[m] = ((xf[m][0] + xf[m][1]) + (xf[m][2] + xf[m][3])) + ((xf[m][4] + xf[m][5]) + (xf[m][6] + xf[m][7]));
-    }
+    for (int r = 0; r < R; ++r) B::fetch(w[r], s, lane, raw[r]);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float q[8], scale, offset;
-      B::load(w[r], s, lane, q, scale, offset);
+    for (int g = 0; g < 4; ++g) {
+      const int e = B::x_offset(s, lane, g);
+      float xf[M][8], xsum[M];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float dot = 0.f;
+      for (int m = 0; m < M; ++m) xsum[m] = gguf_load_x8(x + m * x_stride, e, xf[m]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[i], xf[m][i], dot);
-        acc[m][r] = fmaf(scale, dot, fmaf(-offset, xsum[m], acc[m][r]));
+      for (int r = 0; r < R; ++r) {
+        float q[8], scale, offset;
+        B::template group<true>(raw[r], g, q, scale, offset);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot = fmaf(q[i], xf[m][i], dot);
+          acc[m][r] = fmaf(scale, dot, fmaf(-offset, xsum[m], acc[m][r]));
+        }
       }
     }
   }
@@ -279,7 +405,7 @@ __global__ void __launch_bounds__(kGgufGemvWarps * 32)
   }
 }
 
-// out [N, K] float16 (16-byte aligned, K a multiple of 32) = W; one thread per 8 weights.
+// out [N, K] float16 (16-byte aligned, K a multiple of 32) = W; one thread per lane-step (32 weights).
 template <typename B>
 __global__ void gguf_dequantize_kernel(__half* __restrict__ out, const uint8_t* __restrict__ weight,
                                        int64_t row_bytes, int n, int k) {
@@ -293,15 +419,19 @@ __global__ void gguf_dequantize_kernel(__half* __restrict__ out, const uint8_t* 
   const int rem = static_cast<int>(idx % per_row);
   const int s = rem >> 5, lane = rem & 31;
   if (!B::lane_valid(k / B::kBlockElems, s, lane)) return;
-  float q[8], scale, offset;
-  B::load(weight + row * row_bytes, s, lane, q, scale, offset);
-  __align__(16) __half2 h[4];
+  typename B::Raw raw;
+  B::fetch(weight + row * row_bytes, s, lane, raw);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    h[i] = __floats2half2_rn(fmaf(scale, q[2 * i], -offset), fmaf(scale, q[2 * i + 1], -offset));
+  for (int g = 0; g < 4; ++g) {
+    float q[8], scale, offset;
+    B::template group<false>(raw, g, q, scale, offset);
+    __align__(16) __half2 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[i] = __floats2half2_rn(fmaf(scale, q[2 * i], -offset), fmaf(scale, q[2 * i + 1], -offset));
+    }
+    *reinterpret_cast<uint4*>(out + row * k + B::x_offset(s, lane, g)) = *reinterpret_cast<const uint4*>(h);
   }
-  *reinterpret_cast<uint4*>(out + row * k + static_cast<int64_t>(s) * kGgufStep + lane * 8) =
-      *reinterpret_cast<const uint4*>(h);
 }
 
 }  // namespace vllm_volta

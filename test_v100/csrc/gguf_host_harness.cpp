@@ -55,6 +55,10 @@ inline float __int_as_float(int i) {
   return f;
 }
 
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+  return static_cast<unsigned>(((static_cast<unsigned long long>(hi) << 32) | lo) >> (shift & 31));
+}
+
 // PTX prmt (default mode): result byte k = byte (s >> 4k) & 7 of the 8 bytes {y:x}.
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const unsigned long long bytes = (static_cast<unsigned long long>(y) << 32) | x;
@@ -103,9 +107,9 @@ static void run_grid(unsigned blocks, unsigned threads, const std::function<void
 template <typename B, int M>
 static void gemv(int n, int k, const unsigned char* w, const __half* x, const __half* bias, __half* out) {
   const int64_t row_bytes = k / B::kBlockElems * B::kBlockBytes;
-  constexpr int rows_per_block = kGgufGemvWarps * kGgufRowsPerWarp;
-  run_grid((n + rows_per_block - 1) / rows_per_block, kGgufGemvWarps * 32,
-           [&] { gguf_gemv_kernel<M, kGgufRowsPerWarp, B>(out, n, x, k, w, row_bytes, bias, n, k); });
+  constexpr int R = gguf_rows_per_warp<M>();
+  run_grid((n + kGgufGemvWarps * R - 1) / (kGgufGemvWarps * R), kGgufGemvWarps * 32,
+           [&] { gguf_gemv_kernel<M, R, B>(out, n, x, k, w, row_bytes, bias, n, k); });
 }
 
 template <typename B>

@@ -38,9 +38,13 @@ def _run(exe: Path, args: list[str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
-def test_gemv_device_code_matches_float64(harness, tmp_path, qtype):
-    k = {"Q4_0": 288, "Q8_0": 544, "Q4_K": 512, "Q5_K": 256, "Q6_K": 768}[qtype.name]
+# K per type: partial 1024-weight steps, and (second) two full steps and a partial one.
+GEMV_CASES = [(t, k) for t in TYPES for k in ({"Q4_0": 288, "Q8_0": 544, "Q4_K": 512, "Q5_K": 256,
+                                                 "Q6_K": 768}[t.name], 2304 if t.name.endswith("K") else 2080)]
+
+
+@pytest.mark.parametrize("qtype,k", GEMV_CASES, ids=[f"{t.name}-K{k}" for t, k in GEMV_CASES])
+def test_gemv_device_code_matches_float64(harness, tmp_path, qtype, k):
     w = blocks(qtype, N, k, seed=int(qtype))
     w.numpy().tofile(tmp_path / "w.bin")
     gen = torch.Generator().manual_seed(int(qtype))
