@@ -13,6 +13,7 @@ from torch import nn
 
 from vllm_volta.model_executor.layers.linear import ReplicatedLinear
 from vllm_volta.model_executor.layers.moe import MoE
+from vllm_volta.model_executor.layers.quantization import quantization
 from vllm_volta.model_executor.models.llama import LlamaMLP
 from vllm_volta.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm_volta.model_executor.models.qwen3_moe import Qwen3MoeDecoderLayer, Qwen3MoeForCausalLM
@@ -28,7 +29,8 @@ class SharedExpertMoE(MoE):
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
         # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
         self.shared_expert.down_proj.reduce_results = False
-        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
+        with quantization(None):  # one output: never quantized in the checkpoints
+            self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
 
     def forward_local(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -31,6 +31,7 @@ from vllm_volta.model_executor.layers.linear import QKVParallelLinear, Replicate
 from vllm_volta.model_executor.layers.logits import LogitsProcessor
 from vllm_volta.model_executor.layers.moe import MoE
 from vllm_volta.model_executor.layers.pipeline_stage import PipelineStage, is_pp_missing
+from vllm_volta.model_executor.layers.quantization import quantization
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_volta.model_executor.models.llama import LlamaMLP
@@ -85,7 +86,8 @@ class SharedExpertMoE(MoE):
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
         # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
         self.shared_expert.down_proj.reduce_results = False
-        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
+        with quantization(None):  # one output: never quantized in the checkpoints
+            self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
 
     def forward_local(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

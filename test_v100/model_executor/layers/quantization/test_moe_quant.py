@@ -118,3 +118,18 @@ def test_bad_inputs():
     dense = MoE(E, TOP_K, H, I, renormalize=True)
     with pytest.raises(ValueError, match="without a quantization_config"):
         dense.load_expert(0, "gate", torch.zeros(I, H), "qweight")
+
+
+def test_shared_expert_blocks_keep_their_gates_float():
+    """Qwen2-MoE / Qwen3-Next / Qwen3.5: the routed experts and the shared expert's MLP are
+    quantized, the router and the one-output shared_expert_gate stay float (as checkpoints ship)."""
+    from vllm_volta.model_executor.models import qwen2_moe, qwen3_next
+
+    config = get_quant_config(SimpleNamespace(quantization_config=ckpt.w4_config("awq", 32)))
+    hf = SimpleNamespace(num_experts=E, num_experts_per_tok=TOP_K, hidden_size=H, moe_intermediate_size=I,
+                         norm_topk_prob=True, hidden_act="silu", shared_expert_intermediate_size=64)
+    with quantization(config):
+        blocks = [qwen2_moe.SharedExpertMoE(hf), qwen3_next.SharedExpertMoE(hf, renormalize=True)]
+    for moe in blocks:
+        assert moe.quant_method.kind == "w4" and moe.shared_expert.gate_up_proj.quant_method is not None
+        assert moe.gate.quant_method is None and moe.shared_expert_gate.quant_method is None
