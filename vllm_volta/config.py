@@ -335,6 +335,16 @@ class SchedulerConfig:
     # Schedule step n+1 while step n runs on the device (its sampled tokens are fed to
     # step n+1 on the device); the host's work overlaps the GPU's.
     async_scheduling: bool = False
+    # Chunked-prefill policy (core/chunk_policy.py). vLLM's knobs: a prompt with more than
+    # long_prefill_token_threshold tokens left gets at most that many a step (0: no limit; 4% of
+    # max_model_len when max_num_partial_prefills > 1); at most max_num_partial_prefills requests
+    # end a step partially prefilled, max_long_partial_prefills of them long.
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    # Beside running decodes, a chunk's attention work (tokens x (context + tokens / 2)) stays
+    # within max_num_batched_tokens x this many keys; 0 disables the cap.
+    prefill_attention_reference_len: int = 1024
     # The model's KV-cache groups (core/kv_cache_groups.KVCacheLayout), set when the cache is
     # sized (Worker.initialize_cache, or the executor from its rank 0); None: one block table.
     kv_cache_layout: Any = None
@@ -352,6 +362,23 @@ class SchedulerConfig:
         if self.cuda_graph_sizes is not None:
             _require(all(isinstance(s, int) and s >= 1 for s in self.cuda_graph_sizes),
                      "cuda_graph_sizes", "a list of integers >= 1", self.cuda_graph_sizes)
+        self._check_chunk_policy()
+
+    def _check_chunk_policy(self) -> None:
+        for name, low in (("long_prefill_token_threshold", 0), ("max_num_partial_prefills", 1),
+                          ("max_long_partial_prefills", 1), ("prefill_attention_reference_len", 0)):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= low, name,
+                     f"an integer >= {low}", value)
+        _require(self.long_prefill_token_threshold <= self.max_model_len, "long_prefill_token_threshold",
+                 f"<= max_model_len ({self.max_model_len})", self.long_prefill_token_threshold)
+        _require(self.max_long_partial_prefills <= self.max_num_partial_prefills, "max_long_partial_prefills",
+                 f"<= max_num_partial_prefills ({self.max_num_partial_prefills})", self.max_long_partial_prefills)
+        if self.max_num_partial_prefills > 1:
+            _require(self.enable_chunked_prefill, "max_num_partial_prefills",
+                     "1 when chunked prefill is disabled", self.max_num_partial_prefills)
+            if self.long_prefill_token_threshold == 0:
+                self.long_prefill_token_threshold = max(1, int(self.max_model_len * 0.04))
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vllm_volta.config import SchedulerConfig
+from vllm_volta.core.chunk_policy import ChunkPolicy, PartialPrefills, is_decoding
 from vllm_volta.core.grouped_kv_cache_manager import GroupedKVCacheManager
 from vllm_volta.core.kv_cache_groups import KVCacheLayout
 from vllm_volta.core.kv_cache_manager import KVCacheManager
@@ -146,6 +147,7 @@ class Scheduler:
         # Pipeline parallelism (set by the engine): micro-batches in flight at once. Each takes
         # at most its share of the running requests, so steady decoding fills every stage.
         self.num_micro_batches = 1
+        self.chunk_policy = ChunkPolicy(config)
 
     # ---- queue management -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -194,6 +196,7 @@ class Scheduler:
         self._finished_since_last_step = set()
         budget = self.config.max_num_batched_tokens
         kv = self.kv_cache_manager
+        partials = PartialPrefills(self.chunk_policy)
 
         i = 0
         # This micro-batch's share of the running requests (all of them without a pipeline).
@@ -206,8 +209,14 @@ class Scheduler:
                 # micro-batches) it waits for it; either way the token may end it.
                 i += 1
                 continue
-            num_new = min(request.num_tokens + request.num_pending - request.num_computed_tokens,
-                          budget)
+            remaining = request.num_tokens + request.num_pending - request.num_computed_tokens
+            num_new = min(remaining, budget)
+            if remaining > 1:
+                num_new = self._running_chunk(request, i, remaining, budget,
+                                              share - len(out.scheduled) - 1, partials)
+                if num_new == 0:
+                    i += 1
+                    continue
             while kv.allocate_slots(request, num_new) is None:
                 victim = self.running.pop()  # lowest priority = admitted last
                 self._preempt(victim)
@@ -217,24 +226,34 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 break
             self._add_scheduled(out, request, num_new)
+            if num_new < remaining:
+                partials.add(request)
             budget -= num_new
             i += 1
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        chunked = self.config.enable_chunked_prefill
+        idx = 0
+        while (idx < len(self.waiting) and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[idx]
             if request.num_pending:
                 break  # preempted with a token in flight: rejoin once it has arrived
             if not kv.can_ever_fit(request.num_tokens):
                 self._finish_unfittable(out, request)
                 continue
             hits, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit_tokens
-            if not self.config.enable_chunked_prefill and num_new > budget:
+            remaining = request.num_tokens - num_hit_tokens
+            if not chunked and remaining > budget:
                 break
-            num_new = min(num_new, budget)
+            num_new = min(remaining, budget)
+            if chunked and remaining > 1:
+                num_new = self.chunk_policy.cap(num_new, num_hit_tokens, self._has_decodes())
+                if num_new < remaining and not partials.allows(request):
+                    idx += 1  # at the partial-prefill limit: later prompts may still fit whole
+                    continue
             if kv.allocate_slots(request, num_new, hits) is None:
                 break
-            self.waiting.popleft()
+            del self.waiting[idx]
             if self.kv_cache_manager.enable_caching:
                 kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
             request.status = RequestStatus.RUNNING
@@ -243,8 +262,32 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
             self.running.append(request)
             self._add_scheduled(out, request, num_new)
+            if num_new < remaining:
+                partials.add(request)
             budget -= num_new
         return out
+
+    def _running_chunk(self, request: Request, i: int, remaining: int, budget: int,
+                       slots_left: int, partials: PartialPrefills) -> int:
+        """Tokens for the prefill chunk of running request ``self.running[i]`` (0: none this
+        step). Decodes behind it keep their token of the budget, so a prompt admitted before
+        them never takes their turn."""
+        running = self.running
+        behind = sum(1 for r in running[i + 1:] if is_decoding(r))
+        reserve = min(behind, max(slots_left, 0))
+        num_new = min(remaining, budget - reserve)
+        if num_new <= 0:
+            return 0
+        if self.config.enable_chunked_prefill:
+            beside = behind > 0 or any(is_decoding(r) for r in running[:i])
+            num_new = self.chunk_policy.cap(num_new, request.num_computed_tokens, beside)
+        if num_new < remaining and not partials.allows(request):
+            return 0
+        return num_new
+
+    def _has_decodes(self) -> bool:
+        """Whether a running request decodes (its streams wait on every step)."""
+        return any(is_decoding(r) for r in self.running)
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         """Add the request's share of the step and advance it: its computed tokens count

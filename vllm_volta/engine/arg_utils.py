@@ -49,6 +49,16 @@ _HELP = {
                       "v_scale where it has them, else 1.0",
     "max_num_seqs": "max sequences per step",
     "max_num_batched_tokens": "max tokens per step (the token budget)",
+    "long_prefill_token_threshold": "a prompt with more tokens left than this gets at most this many "
+                                    "per step (0: no limit; 4%% of max_model_len when "
+                                    "max_num_partial_prefills > 1)",
+    "max_num_partial_prefills": "how many prompts may be partially prefilled at once",
+    "max_long_partial_prefills": "how many of those may be longer than long_prefill_token_threshold "
+                                 "(fewer lets shorter prompts go first)",
+    "prefill_attention_reference_len": "beside running decodes, a prompt chunk's attention work "
+                                       "(tokens x (context + tokens/2)) stays within "
+                                       "max_num_batched_tokens x this many keys, so chunks shrink as "
+                                       "the context grows; 0 disables",
     "enforce_eager": "disable CUDA graphs",
     "async_scheduling": "schedule the next step while the current one runs on the GPU (hides "
                         "the host's per-step work; outputs come one step later)",
@@ -107,6 +117,10 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    prefill_attention_reference_len: int = 1024
     # Execution
     enforce_eager: bool = False
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
@@ -160,6 +174,10 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             cuda_graph_sizes=self.cuda_graph_sizes,
             async_scheduling=self.async_scheduling,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_num_partial_prefills=self.max_num_partial_prefills,
+            max_long_partial_prefills=self.max_long_partial_prefills,
+            prefill_attention_reference_len=self.prefill_attention_reference_len,
         )
         return VllmConfig(model_config=model_config, cache_config=cache_config,
                           scheduler_config=scheduler_config, parallel_config=parallel_config,
