@@ -5,7 +5,7 @@
 // bits 4i + 16h; sz half2 [E, N, G] = (scale, zero point) of row n's group; W[n][k] = (q - z) * s.
 // K % 32 == 0 and a group is a whole number of 32-value chunks (one 16-byte load each).
 // A "team" of TL lanes (8, 16 or 32, inside one warp) owns a weight row and strides along its
-// chunks, two chunks in flight per row; the team's sums meet through shuffles. Only the chosen
+// chunks, several chunks in flight per row; the team's sums meet through shuffles. Only the chosen
 // experts' rows are read; grids follow the token count alone (CUDA-graph capturable).
 //  - moe_w4_gemv_act_and_mul_kernel<TL, A>, grid (T k, ceil(I / features per block)): a team takes
 //    feature i of pair p = (t, j): gate = x_t . W13[e][i], up = x_t . W13[e][I + i], each rounded
@@ -71,26 +71,25 @@ __device__ __forceinline__ float moe_w4_chunk_dot(const uint4& qv, __half2 sz, c
   return f.x + f.y;
 }
 
-// acc[r] += x . row r over this lane's chunks (lane, lane + TL, ...), NR rows sharing x; two
-// chunks per row in flight. `x` and the rows are 16-byte aligned; `sz[r]` the rows' group
-// scales; chunk c's group is c / group_chunks.
-template <int TL, int NR>
+// acc[r] += x . row r over this lane's chunks (lane, lane + TL, ...), NR rows sharing x; U chunks
+// per row in flight (all loads issued before the math). `x` and the rows are 16-byte aligned;
+// `sz[r]` the rows' group scales; chunk c's group is c / group_chunks.
+template <int TL, int NR, int U>
 __device__ __forceinline__ void moe_w4_rows_dot(const uint4* __restrict__ x, const uint4* const (&rows)[NR],
                                                 const __half2* const (&sz)[NR], int chunks, int group_chunks,
                                                 int lane, float (&acc)[NR]) {
-  for (int c0 = lane; c0 < chunks; c0 += 2 * TL) {
-    uint4 qv[2][NR];
-    const int c1 = c0 + TL;
-    const bool live1 = c1 < chunks;
+  for (int c0 = lane; c0 < chunks; c0 += U * TL) {
+    uint4 qv[U][NR];
 #pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      qv[0][r] = rows[r][c0];
-      qv[1][r] = live1 ? rows[r][c1] : make_uint4(0u, 0u, 0u, 0u);
+    for (int s = 0; s < U; ++s) {
+      const bool live = c0 + s * TL < chunks;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) qv[s][r] = live ? rows[r][c0 + s * TL] : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const int c = s == 0 ? c0 : c1;
-      if (s == 1 && !live1) break;
+    for (int s = 0; s < U; ++s) {
+      const int c = c0 + s * TL;
+      if (c >= chunks) break;
       uint4 xv[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) xv[j] = x[4 * c + j];
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kMoeW4Threads)
                           reinterpret_cast<const uint4*>(qweight + up_row * (k / 8))};
   const __half2* szr[2] = {sz + gate_row * groups, sz + up_row * groups};
   float acc[2] = {0.f, 0.f};
-  moe_w4_rows_dot<TL, 2>(reinterpret_cast<const uint4*>(input + static_cast<int64_t>(t) * k), rows, szr, chunks,
+  moe_w4_rows_dot<TL, 2, 2>(reinterpret_cast<const uint4*>(input + static_cast<int64_t>(t) * k), rows, szr, chunks,
                          group_chunks, lane, acc);
   const float gate = moe_w4_team_sum<TL>(acc[0]), up = moe_w4_team_sum<TL>(acc[1]);
   if (lane == 0 && col < n) {
@@ -162,7 +161,7 @@ __global__ void __launch_bounds__(kMoeW4Threads)
     const uint4* rows[1] = {reinterpret_cast<const uint4*>(qweight + w_row * (k / 8))};
     const __half2* szr[1] = {sz + w_row * groups};
     float part[1] = {0.f};
-    moe_w4_rows_dot<TL, 1>(reinterpret_cast<const uint4*>(input + pair * k), rows, szr, chunks, group_chunks, lane,
+    moe_w4_rows_dot<TL, 1, 4>(reinterpret_cast<const uint4*>(input + pair * k), rows, szr, chunks, group_chunks, lane,
                            part);
     acc = fmaf(topk_weights[pair], part[0], acc);  // the weight scales this lane's share
   }
