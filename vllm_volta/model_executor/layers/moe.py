@@ -19,6 +19,11 @@ experts' rows, or a tensor-core grouped GEMM over expert-sorted tokens) run on t
 no host sync and shapes fixed by the token count, so MoE models run in CUDA graphs. Elsewhere
 (CPU, exact GELU) the tokens are grouped by expert on the host (a device-to-host copy of
 the routing each layer) and each used expert runs two GEMMs on its tokens.
+
+Under a quantization config (quantization/moe_quant.py: 4-bit AWQ / GPTQ / compressed-tensors,
+FP8) the experts keep their packed tensors; float16 models on a GPU run them through
+fused_moe_quant.py (4-bit GEMVs, or dequantized experts + the float16 kernels), elsewhere the
+host-grouped loop dequantizes each used expert per call. The router stays float.
 """
 
 from __future__ import annotations
@@ -183,6 +188,9 @@ class MoE(nn.Module):
                               dtype, self.hidden_act)
                 return fused_moe.fused_experts(x, self.w13, self.w2, weights, ids, config,
                                                fused_moe.ACTIVATIONS[self.hidden_act], self.expert_map)
+        if self.quant_method is not None:
+            info_once(logger, "MoE %s experts: the chosen experts dequantized in PyTorch each call, host-grouped "
+                      "(%s)", self.quant_method.kind, self.device_path_reason() if x.is_cuda else x.device.type)
         if self.expert_map is not None:
             ids = fused_moe.local_ids(ids, self.expert_map)
         return self._forward_host_grouped(x, ids, weights.to(x.dtype))
