@@ -1,4 +1,4 @@
-"""Compile checks of the GGUF-block kernels, no GPU needed: kernels/gguf.cuh with NVRTC 12.x for
+"""Compile checks of the GGUF-block kernels, no GPU needed: kernels/gguf.cuh (and gguf_blocks.cuh) with NVRTC 12.x for
 compute_70 (V100) and compute_75, every template instance the launcher uses (5 block types x 1-8
 rows, 4 weight rows a warp for one input row and 2 above, and the dequantize kernels), with no BF16 instruction in the PTX. nvcc compiles
 csrc/gguf_kernels.cu for sm_75 / sm_80 / sm_90 in test_compile.py."""
