@@ -118,7 +118,8 @@ class Fp8MoEMethod:
                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [n, 2I, H], w2 [n, H, I]) of local ``experts`` (int64 [n]) in ``dtype``: only
         their bytes are read (no host sync: CUDA-graph safe)."""
-        return (self.dequantize(layer.w13_weight.index_select(0, experts),
-                                layer.w13_scale.index_select(0, experts), dtype),
-                self.dequantize(layer.w2_weight.index_select(0, experts),
-                                layer.w2_scale.index_select(0, experts), dtype))
+        def pick(weight: torch.Tensor) -> torch.Tensor:  # gathered as bytes: not every device indexes FP8
+            return weight.view(torch.uint8).index_select(0, experts).view(weight.dtype)
+
+        return (self.dequantize(pick(layer.w13_weight), layer.w13_scale.index_select(0, experts), dtype),
+                self.dequantize(pick(layer.w2_weight), layer.w2_scale.index_select(0, experts), dtype))
