@@ -112,12 +112,12 @@ def test_opcheck():
     ids = torch.tensor([[0, 3], [2, 2]], dtype=torch.int32, device="cuda")
     x = torch.randn(2, 64, device="cuda").half()
     act = torch.empty(2, 2, 32, dtype=torch.half, device="cuda")
-    torch.library.opcheck(torch.ops._C.moe_w4_gemv_act_and_mul, (act, x, q13, sz13, ids, 0))
+    torch.library.opcheck(torch.ops._C.moe_w4_gemv_act_and_mul.default, (act, x, q13, sz13, ids, 0))
     out = torch.empty(2, 64, dtype=torch.half, device="cuda")
     w = torch.full((2, 2), 0.5, device="cuda")
-    torch.library.opcheck(torch.ops._C.moe_w4_gemv_down_sum, (out, act, q2, sz2, ids, w))
+    torch.library.opcheck(torch.ops._C.moe_w4_gemv_down_sum.default, (out, act, q2, sz2, ids, w))
     deq = torch.empty(1, 64, 64, dtype=torch.half, device="cuda")
-    torch.library.opcheck(torch.ops._C.moe_w4_dequantize, (deq, q13, sz13, ids[0]))
+    torch.library.opcheck(torch.ops._C.moe_w4_dequantize.default, (deq, q13, sz13, ids[0]))
 
 
 @has_meta
