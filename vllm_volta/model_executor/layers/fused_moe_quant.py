@@ -1,14 +1,17 @@
 """Quantized experts (4-bit, FP8) on the GPU, without a host sync (CUDA-graph capturable).
 
-Three paths by token count, float16 activations:
+Three paths by (token, expert) pair count, float16 activations, each picked where it moves the
+fewest bytes (P: one expert's packed bytes; the all-experts path moves about 9 E P: packed read,
+float16 written, float16 read by the GEMM):
 
-- ``w4 gemv`` (4-bit, up to W4_GEMV_MAX_TOKENS tokens): ``moe_w4_gemv_act_and_mul`` reads each
+- ``w4 gemv`` (4-bit, up to W4_GEMV_PAIRS_PER_EXPERT pairs per local expert, about T k P bytes:
+  decode and medium batches): ``moe_w4_gemv_act_and_mul`` reads each
   (token, expert) pair's gate and up rows in the K-major 4-bit layout (16-byte loads along K,
   dequantized in registers) and applies the gated activation; ``moe_w4_gemv_down_sum`` reads the
   down rows and sums a token's k weighted products in FP32. Only the chosen experts are read.
-- ``gather`` (FP8 decode, or a few pairs): the chosen experts of each pair are dequantized into a
-  scratch [T k, N, K] (``moe_w4_dequantize`` / PyTorch for FP8), then the float16 expert GEMVs
-  (fused_moe.py) run with pair p reading scratch expert p.
+- ``gather`` (FP8, at most one pair per local expert and CHUNK_BYTES of scratch): the chosen
+  expert of each pair is dequantized into a scratch [T k, N, K] (PyTorch ops; ``moe_w4_dequantize``
+  for 4-bit), then the float16 expert GEMVs (fused_moe.py) run with pair p reading scratch expert p.
 - ``chunks`` (prefill, larger batches): every local expert is dequantized, CHUNK_BYTES of float16
   weights at a time, and the float16 grouped GEMM runs over the pairs of that chunk's experts
   (the others masked out as expert parallelism masks other ranks' experts); the chunks' outputs
@@ -27,9 +30,8 @@ from vllm_volta.model_executor.layers import fused_moe
 
 logger = init_logger(__name__)
 
-W4_GEMV_MAX_TOKENS = 8  # the 4-bit GEMVs up to here; each pair re-reads its expert's packed rows
-GATHER_MAX_PAIRS = 32  # FP8: dequantize the chosen experts per pair up to here, else every expert
-CHUNK_BYTES = 256 << 20  # float16 scratch of the all-experts path
+W4_GEMV_PAIRS_PER_EXPERT = 8  # each pair re-reads its expert's packed rows: ~T k P bytes against ~9 E P
+CHUNK_BYTES = 256 << 20  # float16 scratch of the gathered and all-experts paths
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}
 
 
@@ -89,18 +91,21 @@ def quantized_experts(layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, weig
     kind = layer.quant_method.kind
     if tokens == 0:
         return torch.empty_like(x)
-    if kind == "w4" and tokens <= W4_GEMV_MAX_TOKENS:
-        info_once(logger, "MoE 4-bit experts on the device: moe_w4 GEMVs up to %d tokens (only the chosen "
-                  "experts' packed rows), dequantized chunks + grouped GEMM above", W4_GEMV_MAX_TOKENS)
+    pairs, experts = tokens * top_k, layer.num_local_experts
+    if kind == "w4" and pairs <= W4_GEMV_PAIRS_PER_EXPERT * experts:
+        info_once(logger, "MoE 4-bit experts on the device: moe_w4 GEMVs up to %d (token, expert) pairs (only "
+                  "the chosen experts' packed rows), dequantized chunks + grouped GEMM above",
+                  W4_GEMV_PAIRS_PER_EXPERT * experts)
         ids, weights = _local(layer, ids, weights)
         act = torch.empty(tokens, top_k, layer.intermediate, dtype=x.dtype, device=x.device)
         ops.moe_w4_gemv_act_and_mul(act, x, layer.w13_qweight, layer.w13_sz, ids, ACTIVATION_CODES[activation])
         out = torch.empty_like(x)
         ops.moe_w4_gemv_down_sum(out, act, layer.w2_qweight, layer.w2_sz, ids, weights)
         return out
-    if tokens * top_k <= GATHER_MAX_PAIRS:
+    expert_bytes = 3 * layer.intermediate * x.shape[1] * x.element_size()
+    if pairs <= experts and pairs * expert_bytes <= CHUNK_BYTES:
         info_once(logger, "MoE %s experts on the device: the chosen experts dequantized per pair, float16 "
-                  "expert GEMVs (up to %d pairs)", kind, GATHER_MAX_PAIRS)
+                  "expert GEMVs (up to %d pairs)", kind, min(experts, CHUNK_BYTES // expert_bytes))
         ids, weights = _local(layer, ids, weights)
         w13, w2 = _gathered(layer, ids.flatten(), x.dtype)
         pair_ids = torch.arange(tokens * top_k, dtype=torch.int32, device=x.device).view(tokens, top_k)

@@ -1,6 +1,6 @@
 """Quantized MoE layers on a GPU in float16 (4-bit AWQ / compressed-tensors, FP8 block) against the
-dequantized weights' MoE in float64: the 4-bit GEMVs (decode sizes), the gathered experts (a few
-pairs) and the dequantized chunks + grouped GEMM (prefill), with experts that get no token, all
+dequantized weights' MoE in float64: the 4-bit GEMVs (up to 8 pairs per expert), the gathered FP8
+experts (a pair per expert at most) and the dequantized chunks + grouped GEMM (above), with experts that get no token, all
 tokens on one expert, expert parallelism's masked pairs; a decode step replayed in a CUDA graph
 gives the eager result. Skips without CUDA."""
 
@@ -51,7 +51,7 @@ def _cuda_layer(case, seed=0):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
-@pytest.mark.parametrize("tokens", [1, 4, 8, 12, 40])  # GEMVs, gathered pairs, chunks
+@pytest.mark.parametrize("tokens", [1, 3, 8, 24, 40])  # 4-bit GEMVs up to 48 pairs, FP8 gathered up to 6; chunks
 def test_device_path_matches_float64(case, tokens, monkeypatch):
     moe, router, dense = _cuda_layer(case)
     assert moe.device_path_reason() is None and supports_cuda_graphs(moe)
