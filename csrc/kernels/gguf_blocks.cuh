@@ -286,7 +286,9 @@ struct GgufQ4_0 {
   __device__ __forceinline__ static bool lane_valid(int nblocks, int step, int lane) {
     return GgufQ8_0::lane_valid(nblocks, step, lane);
   }
-  __device__ __forceinline__ static int x_offset(int step, int lane, int g) { return GgufQ8_0::x_offset(step, lane, g); }
+  __device__ __forceinline__ static int x_offset(int step, int lane, int g) {
+    return GgufQ8_0::x_offset(step, lane, g);
+  }
   __device__ __forceinline__ static void fetch(const uint8_t* row, int step, int lane, Raw& raw) {
     const uint8_t* b = row + (step * 32 + lane) * kBlockBytes;
     gguf::load_words_a2<4>(b + 2, raw.qs);

@@ -1,6 +1,7 @@
-"""Compile checks of the GGUF-block kernels, no GPU needed: kernels/gguf.cuh (and gguf_blocks.cuh) with NVRTC 12.x for
-compute_70 (V100) and compute_75, every template instance the launcher uses (5 block types x 1-8
-rows, 4 weight rows a warp for one input row and 2 above, and the dequantize kernels), with no BF16 instruction in the PTX. nvcc compiles
+"""Compile checks of the GGUF-block kernels, no GPU needed: kernels/gguf.cuh (with gguf_blocks.cuh)
+with NVRTC 12.x for compute_70 (V100) and compute_75, every template instance the launcher uses
+(5 block types x 1-8 rows; 4 weight rows a warp for one input row, 2 above; the dequantize
+kernels), with no BF16 instruction and no integer-to-float conversion in the PTX. nvcc compiles
 csrc/gguf_kernels.cu for sm_75 / sm_80 / sm_90 in test_compile.py."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 from .compile_utils import CSRC, find_cuda_home, load_nvrtc_12, nvrtc_compile
 
 BLOCKS = ("GgufQ4_0", "GgufQ8_0", "GgufQ4K", "GgufQ5K", "GgufQ6K")
-INSTANCES = ([f"&vllm_volta::gguf_gemv_kernel<{m}, {4 if m == 1 else 2}, vllm_volta::{b}>" for b in BLOCKS for m in range(1, 9)]
+INSTANCES = ([f"&vllm_volta::gguf_gemv_kernel<{m}, {4 if m == 1 else 2}, vllm_volta::{b}>"
+              for b in BLOCKS for m in range(1, 9)]
              + [f"&vllm_volta::gguf_dequantize_kernel<vllm_volta::{b}>" for b in BLOCKS])
 
 

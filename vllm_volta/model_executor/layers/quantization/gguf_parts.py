@@ -83,7 +83,8 @@ def _rank_blocks(layer: nn.Module, tensor: torch.Tensor, shard_id: Any) -> tuple
             raise ValueError(f"GGUF {qtype.name} blocks of shape {tuple(tensor.shape)}: expected "
                              f"{layer.output_size} rows")
         per_rank = layer.input_size // elems
-        rank_blocks = tensor.view(tensor.shape[0], -1, nbytes)[:, layer.tp_rank * per_rank:(layer.tp_rank + 1) * per_rank]
+        first = layer.tp_rank * per_rank
+        rank_blocks = tensor.view(tensor.shape[0], -1, nbytes)[:, first:first + per_rank]
         return 0, rank_blocks.reshape(tensor.shape[0], per_rank * nbytes)
     row0, src = _row_map(layer, shard_id, tensor.shape[0])
     if src.numel() == tensor.shape[0] and bool((src == torch.arange(src.numel())).all()):
