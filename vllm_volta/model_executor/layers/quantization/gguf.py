@@ -8,7 +8,8 @@ Each layer receives its checkpoint tensors from iterate_gguf_weights: uint8 [N, 
 blocks tagged with their type (model_loader/gguf_blocks.py), or float tensors for other types. Once
 every part has arrived (q, k, v or gate, up are separate GGUF tensors, maybe of different types)
 the layer keeps its rows in blocks when every part is a kept type, the model runs in float16 and
-this build has the kernels; otherwise it dequantizes them (``dense``). Kept rows: this rank's rows
+this build has the kernels; otherwise it dequantizes them and becomes a plain dense layer
+(``quant_method`` None: the dense decode kernels and fusions apply to it again). Kept rows: this rank's rows
 of each part (the linear layer's own tensor-parallel loader picks them), consecutive parts of one
 type concatenated, all in one uint8 ``weight`` (16-byte aligned parts). A row-parallel layer
 splits K on whole blocks (256 weights for K-quants); where its share of K is not whole blocks the
@@ -112,7 +113,6 @@ class GGUFLinearMethod:
         layer.gguf_why_dense = kernels_reason(device, layer.dense_dtype)
         layer.gguf_pending = {}
         layer.gguf_parts = None  # list of gguf_parts.Part once loaded in blocks
-        layer.gguf_use_gemv = False
         # A placeholder until every part has arrived (its shape depends on the parts' types).
         layer.weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
         layer.weight.weight_loader = self._loader(layer)
@@ -161,7 +161,9 @@ class GGUFLinearMethod:
             dense = gguf_parts.dequantized(tensor).to(layer.dense_dtype)
             args = () if shard_id is None else (shard_id,)
             layer.weight_loader(layer.weight, dense, *args)
-        layer.gguf_use_gemv = gemv_enabled()
+        # From here on a plain dense layer: its decode paths (gemv, fused norm / residual add) too.
+        layer.quant_method = None
+        layer.use_gemv = gemv_enabled()
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., K] -> x W^T + bias [..., N]."""
@@ -171,7 +173,7 @@ class GGUFLinearMethod:
                 raise RuntimeError("GGUF linear layer used before all of its checkpoint tensors were loaded")
             from vllm_volta.model_executor.layers.decode_gemv import linear
 
-            return linear(x, layer.weight, bias, layer.gguf_use_gemv)
+            return linear(x, layer.weight, bias, layer.use_gemv)
         return gguf_linear(x, parts, layer.output_size, bias)
 
 
