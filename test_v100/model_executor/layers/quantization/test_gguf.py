@@ -153,6 +153,11 @@ def test_load_log_counts_kept_weights(checkpoint, monkeypatch):
     assert config.kept["Q4_K"][1] == (HEADS + KV_HEADS) * HEAD_DIM * 144  # bytes: one super-block a row
     summary = [m for m in logged if m.startswith("GGUF Q4_0")]
     assert len(summary) == 1 and "Q4_K: 2 linear weights" in summary[0] and "1 layers dequantized" in summary[0]
+    kept_bytes = sum(nbytes for _, nbytes in config.kept.values())
+    assert f"({kept_bytes / 2**30:.2f} GiB, " in summary[0] and "GiB in float16)" in summary[0]
+    # float16 bytes of what is kept: qkv, o and gate_up of both layers (K = HIDDEN), layer 0's down_proj
+    per_layer = ((HEADS + 2 * KV_HEADS) * HEAD_DIM + HIDDEN + 2 * INTER) * HIDDEN
+    assert config.float16_bytes[0] == 2 * (2 * per_layer + HIDDEN * INTER)
 
 
 def test_a_layer_is_not_used_before_its_parts_arrive(checkpoint, monkeypatch):

@@ -60,6 +60,7 @@ class GGUFConfig:
 
     quant_method: str = "gguf"
     kept: dict[str, list[int]] = field(default_factory=dict)  # type -> [checkpoint tensors, bytes]
+    float16_bytes: list[int] = field(default_factory=lambda: [0])  # the kept weights' size in float16
     dense: dict[str, int] = field(default_factory=dict)  # why dequantized -> layers
     layers: list[int] = field(default_factory=lambda: [0, 0])  # [built, loaded]
 
@@ -87,7 +88,9 @@ class GGUFConfig:
         kept = ", ".join(f"{name}: {n} linear weights, {nbytes / 2**30:.2f} GiB"
                          for name, (n, nbytes) in sorted(self.kept.items()))
         dense = "; ".join(f"{n} layers dequantized at load ({why})" for why, n in sorted(self.dense.items()))
-        logger.info("GGUF %s kept quantized on the GPU%s", kept or "no linear weights",
+        total = sum(nbytes for _, nbytes in self.kept.values())
+        size = f" ({total / 2**30:.2f} GiB, {self.float16_bytes[0] / 2**30:.2f} GiB in float16)" if total else ""
+        logger.info("GGUF %s kept quantized on the GPU%s%s", kept or "no linear weights", size,
                     f"; {dense}" if dense else "")
 
 
@@ -144,6 +147,7 @@ class GGUFLinearMethod:
                 stats = self.config.kept.setdefault(part.qtype.name, [0, 0])
                 stats[0] += part.tensors
                 stats[1] += part.blocks.numel()
+                self.config.float16_bytes[0] += part.rows * layer.input_size * 2
         else:
             self._make_dense(layer, pending)
             self.config.dense[why] = self.config.dense.get(why, 0) + 1
