@@ -101,3 +101,15 @@ def test_argument_checks():
     ops.gguf_dequantize(torch.empty(64, 256, dtype=torch.float16, **meta), w, int(T.Q4_K))
     with pytest.raises(RuntimeError, match="'out' must have the weight's 64 rows"):
         ops.gguf_dequantize(torch.empty(63, 256, dtype=torch.float16, **meta), w, int(T.Q4_K))
+
+
+@gpu
+def test_gguf_linear_copies_unaligned_rows_and_takes_empty_inputs():
+    k, n = 256, 40
+    parts = [Part(T.Q4_K, 0, n, blocks(T.Q4_K, n, k, seed=5).cuda())]
+    pack(parts)
+    base = torch.randn(2 * k + 8, generator=torch.Generator().manual_seed(0)).half().cuda()
+    x = base[1:1 + 2 * k].view(2, k)  # 2-byte aligned rows
+    out = gguf_linear(x, parts, n, None)
+    assert_close_to_reference(out, reference(x, parts[0].blocks, T.Q4_K, None))
+    assert gguf_linear(x[:0], parts, n, None).shape == (0, n)

@@ -187,11 +187,13 @@ def gguf_linear(x: torch.Tensor, parts: list[gguf_parts.Part], n: int, bias: tor
 
     k = x.shape[-1]
     rows = x.reshape(-1, k)
-    # The kernels read whole 16-byte vectors of each row.
-    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) % 8) or rows.data_ptr() % 16:
-        rows = rows.contiguous()
     m = rows.shape[0]
-    if 0 < m <= GEMV_MAX_ROWS:
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    # The kernels read whole 16-byte vectors of each row: a fresh copy where the rows are not.
+    if rows.stride(-1) != 1 or (m > 1 and rows.stride(0) % 8) or rows.data_ptr() % 16:
+        rows = rows.clone(memory_format=torch.contiguous_format)
+    if m <= GEMV_MAX_ROWS:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         for p in parts:
             part_bias = None if bias is None else bias[p.row0:p.row0 + p.rows]
