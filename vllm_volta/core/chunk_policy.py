@@ -57,6 +57,16 @@ class ChunkPolicy:
         ref = config.prefill_attention_reference_len
         self.work_budget = float(config.max_num_batched_tokens) * ref if ref > 0 else 0.0
 
+    def describe(self) -> str:
+        """One log line: the limits in force and why chunks shrink."""
+        cap = (f"beside decodes a chunk's attention work stays <= {self.work_budget:.0f} query-key pairs "
+               f"(max_num_batched_tokens x prefill_attention_reference_len), so chunks shrink as the "
+               f"context grows" if self.work_budget else "no attention cost cap")
+        threshold = (f"at most {self.threshold} tokens a step for prompts longer than that"
+                     if self.threshold else "no long_prefill_token_threshold")
+        return (f"{cap}; {threshold}; {self.max_partial} partial prefill(s) at once, "
+                f"{self.max_long_partial} long")
+
     def is_long(self, request: Request) -> bool:
         return 0 < self.threshold < request.num_prompt_tokens
 

@@ -148,6 +148,8 @@ class Scheduler:
         # at most its share of the running requests, so steady decoding fills every stage.
         self.num_micro_batches = 1
         self.chunk_policy = ChunkPolicy(config)
+        if config.enable_chunked_prefill:
+            logger.info("Chunked prefill: %s", self.chunk_policy.describe())
 
     # ---- queue management -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -273,14 +275,16 @@ class Scheduler:
         step). Decodes behind it keep their token of the budget, so a prompt admitted before
         them never takes their turn."""
         running = self.running
-        behind = sum(1 for r in running[i + 1:] if is_decoding(r))
+        # Without async scheduling a request whose token is in flight sits this step out.
+        waits = not self.config.async_scheduling
+        behind = sum(1 for r in running[i + 1:] if is_decoding(r) and not (waits and r.num_pending))
         reserve = min(behind, max(slots_left, 0))
         num_new = min(remaining, budget - reserve)
         if num_new <= 0:
             return 0
         if self.config.enable_chunked_prefill:
-            beside = behind > 0 or any(is_decoding(r) for r in running[:i])
-            num_new = self.chunk_policy.cap(num_new, request.num_computed_tokens, beside)
+            num_new = self.chunk_policy.cap(num_new, request.num_computed_tokens,
+                                            reserve > 0 or self._has_decodes())
         if num_new < remaining and not partials.allows(request):
             return 0
         return num_new
