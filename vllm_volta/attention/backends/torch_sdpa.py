@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from vllm_volta.attention.backends import AttentionImplBase
 from vllm_volta.attention.explicit import masked_attention
@@ -63,9 +64,11 @@ class _Plan:
     """Per-step work split, built once per metadata and shared by every layer."""
 
     decode_tokens: torch.Tensor | None = None  # [Bd] token index of each decode sequence
-    decode_blocks: torch.Tensor | None = None  # [Bd, nb] their block tables, cut to the longest
+    decode_slots: torch.Tensor | None = None  # [Bd * L] cache slot of each context position
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] True = context position is valid
+    decode_all_valid: bool = False  # no padding and no window: the mask is all True
     decode_len: int = 0
+    decode_contiguous: bool = False  # decode rows are tokens 0..Bd-1 (no index / scatter)
     # (start token, q_len, seq_len, blocks [nb])
     prefills: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
 
@@ -77,17 +80,8 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _
     seq_lens = md.seq_lens_cpu.tolist()
     decodes = [i for i in range(len(seq_lens)) if starts[i + 1] - starts[i] == 1]
     if decodes:
-        lens = torch.tensor([seq_lens[i] for i in decodes])
-        plan.decode_len = int(lens.max())
-        num_blocks = -(-plan.decode_len // block_size)
-        plan.decode_tokens = torch.tensor([starts[i] for i in decodes], device=device)
-        plan.decode_blocks = md.block_table[torch.tensor(decodes, device=device),
-                                            :num_blocks].long()
-        pos = torch.arange(plan.decode_len)[None, :]
-        mask = pos < lens[:, None]
-        if window is not None:
-            mask &= pos >= lens[:, None] - window
-        plan.decode_mask = mask[:, None, None, :].to(device)
+        _plan_decodes(plan, md, decodes, [starts[i] for i in decodes], [seq_lens[i] for i in decodes],
+                      block_size, window)
     for i, seq_len in enumerate(seq_lens):
         q_len = starts[i + 1] - starts[i]
         if q_len <= 1:
@@ -95,6 +89,27 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _
         blocks = md.block_table[i, : -(-seq_len // block_size)].long()
         plan.prefills.append((starts[i], q_len, seq_len, blocks))
     return plan
+
+
+def _plan_decodes(plan: _Plan, md: AttentionMetadata, rows: list[int], tokens: list[int],
+                  lens_list: list[int], block_size: int, window: int | None) -> None:
+    """The decode rows' flat cache slots and mask, once per step for every layer: each layer then
+    reads its context with one index_select per cache half (no per-layer block arithmetic)."""
+    device = md.block_table.device
+    lens = torch.tensor(lens_list)
+    plan.decode_len = length = max(lens_list)
+    plan.decode_tokens = torch.tensor(tokens, device=device)
+    plan.decode_contiguous = tokens == list(range(len(tokens)))
+    blocks = md.block_table[torch.tensor(rows, device=device), :-(-length // block_size)].long()
+    slots = (blocks[:, :, None] * block_size + torch.arange(block_size, device=device)).flatten(1)
+    pos = torch.arange(length)[None, :]
+    mask = pos < lens[:, None]
+    if window is not None:
+        mask &= pos >= lens[:, None] - window
+    # Padded positions read whatever the table's padding (block 0) holds: the mask hides them.
+    plan.decode_slots = slots[:, :length].reshape(-1)
+    plan.decode_mask = mask[:, None, None, :].to(device)
+    plan.decode_all_valid = bool(mask.all())
 
 
 class TorchSDPAImpl(AttentionImplBase):
@@ -113,11 +128,7 @@ class TorchSDPAImpl(AttentionImplBase):
         out = output[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         if plan.decode_tokens is not None:  # all one-token sequences as one padded batch
-            k = self._gather_kv(key_cache, plan.decode_blocks, plan.decode_len, self.k_scale, q.dtype)  # [B, H, L, D]
-            v = self._gather_kv(value_cache, plan.decode_blocks, plan.decode_len, self.v_scale, q.dtype)
-            qb = q[plan.decode_tokens].unsqueeze(2)  # [B, H, 1, D]
-            res = self._sdpa(qb, k, v, plan.decode_mask)
-            out[plan.decode_tokens] = res.squeeze(2).to(out.dtype)
+            self._decode(q, out, key_cache, value_cache, plan)
         for start, q_len, seq_len, blocks in plan.prefills:
             if q_len != seq_len or window is not None or self.logits_soft_cap is not None:
                 out[start:start + q_len] = paged_prefill_attention(
@@ -132,6 +143,29 @@ class TorchSDPAImpl(AttentionImplBase):
             res = self._sdpa(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None).squeeze(0)
             out[start:start + q_len] = res.transpose(0, 1).to(out.dtype)
         return output
+
+    def _decode(self, q: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor,
+                value_cache: torch.Tensor, plan: _Plan) -> None:
+        """The decode rows: their contexts read by flat slot into [B, L, KH, D] and attended as
+        [B, KH, L, D] by the query heads grouped per kv head ([B, KH, G, D]), so grouped-query
+        attention shares each kv head instead of repeating it G times."""
+        n, length = plan.decode_tokens.shape[0], plan.decode_len
+        kh, d, g = key_cache.shape[-2], key_cache.shape[-1], self.num_queries_per_kv
+        k = read_cache(key_cache.view(-1, kh, d).index_select(0, plan.decode_slots), self.k_scale, q.dtype)
+        v = read_cache(value_cache.view(-1, kh, d).index_select(0, plan.decode_slots), self.v_scale, q.dtype)
+        k = k.view(n, length, kh, d).transpose(1, 2)
+        v = v.view(n, length, kh, d).transpose(1, 2)
+        qb = q[:n] if plan.decode_contiguous else q[plan.decode_tokens]
+        qb = qb.view(n, kh, g, d)  # the group sits where SDPA expects query positions
+        if plan.decode_all_valid and self.logits_soft_cap is None:  # unmasked: SDPA's fast path
+            res = F.scaled_dot_product_attention(qb, k, v, scale=self.scale)
+        else:
+            res = self._sdpa(qb, k, v, plan.decode_mask)  # [B, KH, G, D]
+        res = res.reshape(n, kh * g, d)
+        if plan.decode_contiguous:
+            out[:n] = res
+        else:
+            out[plan.decode_tokens] = res.to(out.dtype)
 
     def _gather_kv(self, cache: torch.Tensor, blocks: torch.Tensor, length: int, scale: float,
                    dtype: torch.dtype) -> torch.Tensor:
