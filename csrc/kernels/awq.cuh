@@ -38,7 +38,7 @@ __device__ __forceinline__ void awq_group_params(const int* qzeros, const __half
   }
 }
 
-__global__ void awq_dequantize_kernel(__half* __restrict__ out, const int* __restrict__ qweight,
+static __global__ void awq_dequantize_kernel(__half* __restrict__ out, const int* __restrict__ qweight,
                                       const int* __restrict__ qzeros, const __half* __restrict__ scales,
                                       int64_t k_rows, int64_t packed_cols, int group_size) {
   pdl_launch_dependents();
@@ -116,7 +116,7 @@ __global__ void awq_gemv_kernel(float* __restrict__ partial, const __half* __res
 }
 
 // out[m][n] = sum over splits of partial[split][m][n], rounded to half.
-__global__ void awq_reduce_kernel(__half* __restrict__ out, const float* __restrict__ partial, int64_t outputs,
+static __global__ void awq_reduce_kernel(__half* __restrict__ out, const float* __restrict__ partial, int64_t outputs,
                                   int splits) {
   pdl_launch_dependents();
   pdl_wait();
