@@ -22,10 +22,12 @@ from vllm_volta.model_executor.models.qwen3_moe import Qwen3MoeDecoderLayer, Qwe
 class SharedExpertMoE(MoE):
     """The routed experts plus ``shared_expert`` (a gated MLP) weighted by its sigmoid gate."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, renormalize: bool | None = None) -> None:
+        """``renormalize``: top-k weights summed to 1 (default: the config's ``norm_topk_prob``)."""
+        if renormalize is None:
+            renormalize = bool(getattr(config, "norm_topk_prob", False))
         super().__init__(config.num_experts, config.num_experts_per_tok, config.hidden_size,
-                         config.moe_intermediate_size, renormalize=bool(getattr(config, "norm_topk_prob", False)),
-                         hidden_act=config.hidden_act)
+                         config.moe_intermediate_size, renormalize=renormalize, hidden_act=config.hidden_act)
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
         # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
         self.shared_expert.down_proj.reduce_results = False

@@ -27,15 +27,15 @@ from vllm_volta.core.kv_cache_spec import FullAttentionSpec, KVCacheSpec
 from vllm_volta.logger import init_logger
 from vllm_volta.model_executor.layers.gated_delta_net import GatedDeltaNet
 from vllm_volta.model_executor.layers.layernorm import RMSNorm
-from vllm_volta.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm_volta.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm_volta.model_executor.layers.logits import LogitsProcessor
 from vllm_volta.model_executor.layers.moe import MoE
 from vllm_volta.model_executor.layers.pipeline_stage import PipelineStage, is_pp_missing
-from vllm_volta.model_executor.layers.quantization import quantization
 from vllm_volta.model_executor.layers.rotary_embedding import get_rope, rope_params_from_config
 from vllm_volta.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_volta.model_executor.models.llama import LlamaMLP
 from vllm_volta.model_executor.models.mixtral import MixtralForCausalLM
+from vllm_volta.model_executor.models.qwen2_moe import SharedExpertMoE
 from vllm_volta.model_executor.models.utils import config_head_dim, default_dtype
 
 logger = init_logger(__name__)
@@ -75,23 +75,6 @@ class GatedAttention(nn.Module):
         k = self.k_norm(k.reshape(-1, d)).view(n, -1)
         out = self.attn(q, k, v, kv_cache, attn_metadata, rope=(self.rotary_emb, positions))
         return self.o_proj(out * torch.sigmoid(gate.reshape(n, -1)))
-
-
-class SharedExpertMoE(MoE):
-    """Routed experts plus ``shared_expert`` scaled by sigmoid(``shared_expert_gate``(x))."""
-
-    def __init__(self, config: Any, renormalize: bool) -> None:
-        super().__init__(config.num_experts, config.num_experts_per_tok, config.hidden_size,
-                         config.moe_intermediate_size, renormalize=renormalize, hidden_act=config.hidden_act)
-        self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
-        # TP-sharded; its partial output joins the routed experts' in MoE's one all-reduce.
-        self.shared_expert.down_proj.reduce_results = False
-        with quantization(None):  # one output: never quantized in the checkpoints
-            self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
-
-    def forward_local(self, x: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return super().forward_local(x) + shared
 
 
 class HybridDecoderLayer(nn.Module):
