@@ -105,6 +105,22 @@ void dispatch_vec_width(int width, F&& f) {
   return f(IntTag<1>{});
 }
 
+// Calls f(IntTag<m>{}) for 1 <= m <= 8 (the decode GEMVs' row counts; the caller checks m, and
+// anything above 8 takes 8).
+template <typename F>
+void dispatch_rows_up_to_8(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f(IntTag<1>{});
+    case 2: return f(IntTag<2>{});
+    case 3: return f(IntTag<3>{});
+    case 4: return f(IntTag<4>{});
+    case 5: return f(IntTag<5>{});
+    case 6: return f(IntTag<6>{});
+    case 7: return f(IntTag<7>{});
+    default: return f(IntTag<8>{});
+  }
+}
+
 // VLLM_VOLTA_DEVICE_CAPABILITY ("7.0" or "70", as envs.py parses it) as major * 10 + minor, or
 // 0 when unset: Volta mode on a newer GPU (csrc/programmatic_launch.cu).
 int emulated_device_sm();

@@ -17,6 +17,7 @@
 namespace vllm_volta {
 
 static_assert(kFp8GemvMaxRows == kFp8MaxGemvRows, "host and kernel must agree on the gemv rows");
+static_assert(kFp8GemvMaxRows == 8, "dispatch_rows_up_to_8 covers the gemv rows");
 
 namespace {
 
@@ -36,21 +37,6 @@ void dispatch_fp8_activation(const char* op, const Tensor& t, F&& f) {
   });
 }
 
-// Calls f(IntTag<M>{}) for 1 <= M <= kFp8GemvMaxRows (checked before).
-template <typename F>
-void dispatch_fp8_rows(int64_t m, F&& f) {
-  switch (m) {
-    case 1: return f(IntTag<1>{});
-    case 2: return f(IntTag<2>{});
-    case 3: return f(IntTag<3>{});
-    case 4: return f(IntTag<4>{});
-    case 5: return f(IntTag<5>{});
-    case 6: return f(IntTag<6>{});
-    case 7: return f(IntTag<7>{});
-    default: return f(IntTag<8>{});
-  }
-}
-
 }  // namespace
 
 void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t group_k, std::optional<Tensor> bias,
@@ -68,7 +54,7 @@ void fp8_gemv(Tensor out, Tensor input, Tensor weight, Tensor scales, int64_t gr
   const bool pdl = programmatic_launch_for(device, m);
   dispatch_fp8_activation(op, input, [&](auto t_tag) {
     using T = typename decltype(t_tag)::type;
-    dispatch_fp8_rows(m, [&](auto m_tag) {
+    dispatch_rows_up_to_8(m, [&](auto m_tag) {
       constexpr int M = decltype(m_tag)::value;
       auto launch = [&](auto r_tag) {
         constexpr int R = decltype(r_tag)::value;

@@ -9,6 +9,7 @@
 namespace vllm_volta {
 
 static_assert(kGgufGemvMaxRows == kGgufMaxGemvRows, "host and kernel must agree on the gemv rows");
+static_assert(kGgufGemvMaxRows == 8, "dispatch_rows_up_to_8 covers the gemv rows");
 
 namespace {
 
@@ -21,21 +22,6 @@ void dispatch_gguf_type(int64_t qtype, F&& f) {
     case kGgmlQ4_K: return f(TypeTag<GgufQ4K>{});
     case kGgmlQ5_K: return f(TypeTag<GgufQ5K>{});
     default: return f(TypeTag<GgufQ6K>{});
-  }
-}
-
-// Calls f(IntTag<M>{}) for 1 <= M <= kGgufGemvMaxRows (checked before).
-template <typename F>
-void dispatch_gguf_rows(int64_t m, F&& f) {
-  switch (m) {
-    case 1: return f(IntTag<1>{});
-    case 2: return f(IntTag<2>{});
-    case 3: return f(IntTag<3>{});
-    case 4: return f(IntTag<4>{});
-    case 5: return f(IntTag<5>{});
-    case 6: return f(IntTag<6>{});
-    case 7: return f(IntTag<7>{});
-    default: return f(IntTag<8>{});
   }
 }
 
@@ -53,7 +39,7 @@ void gguf_gemv(Tensor out, Tensor input, Tensor weight, int64_t qtype, std::opti
   const int64_t m = input.size(0);
   dispatch_gguf_type(qtype, [&](auto type_tag) {
     using B = typename decltype(type_tag)::type;
-    dispatch_gguf_rows(m, [&](auto m_tag) {
+    dispatch_rows_up_to_8(m, [&](auto m_tag) {
       constexpr int M = decltype(m_tag)::value;
       constexpr int R = gguf_rows_per_warp<M>();
       launch_kernel(gguf_gemv_kernel<M, R, B>, dim3(static_cast<unsigned>(ceil_div(a.n, kGgufGemvWarps * R))),
