@@ -111,3 +111,61 @@ def test_gpu_report_matches_the_device_and_the_extension(clean_env):
     assert r["versions"]["driver"][0].isdigit()
     if run_dtype == torch.float16:
         assert r["linear kernels"]["dense"].startswith("gemv kernel")
+        assert "w4_gemv" in r["linear kernels"]["AWQ / GPTQ 4-bit"]
+        assert "Q4_K" in r["linear kernels"]["GGUF"] and "gguf_gemv" in r["linear kernels"]["GGUF"]
+        assert "moe_w4 GEMVs" in r["linear kernels"]["mixture of experts"]
+        assert r["linear kernels"]["mixture of experts"].startswith("on the device")
+    fp8 = r["linear kernels"]["FP8"]
+    assert "fp8_gemv" in fp8  # float16, or bfloat16 on an SM80+ build: the W8A16 kernels serve it
+    cap_used = tuple(int(v) for v in r["device"]["capability used"].split("."))
+    if cap_used < (8, 9):
+        assert fp8.endswith("no FP8 tensor cores below SM89")
+    else:
+        assert "W8A8" in fp8 or fp8.endswith("triton is not installed: no W8A8 GEMM")
+
+
+@cpu_only
+@pytest.mark.parametrize("cap", ["7.0", "7.5", "8.0", "8.9", "9.0"])
+def test_quantized_paths_follow_the_capability_and_the_build(clean_env, cap):
+    """FP8 by capability (W8A8 only from SM89), GGUF / MoE / KV-cache lines as the layers decide them."""
+    from vllm_volta import _C
+    from vllm_volta.attention.kv_cache_dtype import KV_CACHE_DTYPES
+    from vllm_volta.model_executor.layers.quantization.gguf import kernels_reason
+
+    clean_env.setenv("VLLM_VOLTA_DEVICE_CAPABILITY", cap)
+    r = report()
+    lin, attn = r["linear kernels (emulated GPU)"], r["attention (emulated GPU)"]
+    run_dtype = torch.bfloat16 if float(cap) >= 8.0 else torch.float16
+    fp8 = lin["FP8"]
+    try:
+        import triton  # noqa: F401
+        has_triton = True
+    except ImportError:
+        has_triton = False
+    if float(cap) < 8.9:
+        assert fp8.endswith("no FP8 tensor cores below SM89") and "W8A8" not in fp8
+    elif has_triton:
+        assert fp8.startswith("checkpoints with FP8 activations: Triton W8A8")
+    else:
+        assert fp8.endswith("triton is not installed: no W8A8 GEMM")
+    if not _C.BUILT_WITH_CUDA:  # a CPU build: no CUDA kernel serves any of them
+        assert "fp8_gemv" not in fp8.split("weight-only")[-1] and "dequantized each call" in fp8
+        assert lin["GGUF"] == ("every type dequantized at load into dense layers: "
+                               + kernels_reason(torch.device("cuda"), run_dtype))
+        assert lin["mixture of experts"].endswith("this build has no CUDA mixture-of-experts kernels")
+    kv = attn["--kv-cache-dtype"]
+    assert kv.startswith(", ".join(KV_CACHE_DTYPES) + ": auto holds " + str(run_dtype).removeprefix("torch."))
+    assert ("decoded in software" in kv) == (attn["chosen"] == "VOLTA_PAGED")
+
+
+def test_kv_cache_line_names_the_float32_refusal_on_volta_paged():
+    from vllm_volta.attention.kv_cache_dtype import check_backend_supports
+
+    class Paged:
+        name = "VOLTA_PAGED"
+
+    with pytest.raises(ValueError):  # the engine refuses it: the report must say so
+        check_backend_supports(Paged, torch.float32, "fp8")
+    assert "FP8 refused here" in collect_env._kv_cache_dtypes("VOLTA_PAGED", torch.float32)
+    check_backend_supports(Paged, torch.float16, "fp8")
+    assert "decoded in software" in collect_env._kv_cache_dtypes("VOLTA_PAGED", torch.float16)

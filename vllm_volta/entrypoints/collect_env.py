@@ -2,8 +2,10 @@
 
 Device and capability (and a VLLM_VOLTA_DEVICE_CAPABILITY override), how vllm_volta._C was
 built, torch / CUDA / driver versions, what ``--dtype auto`` gives per checkpoint dtype, the
-attention backends in priority order with each rejected one's reasons, the linear / quantized
-GEMM kernels, the tuned kernel-config files found, CUDA-graph mode and custom all-reduce.
+attention backends in priority order with each rejected one's reasons and the KV-cache dtypes,
+the linear kernels (dense, 4-bit W4A16, FP8 by capability, GGUF blocks kept, mixture of experts
+with quantized experts), the tuned kernel-config files found, CUDA-graph mode and custom
+all-reduce.
 
 On a machine without a GPU and with the override set, the GPU decisions for that capability
 are reported as well (as the tests that emulate a V100 on a CPU take them). The report is a
@@ -66,7 +68,8 @@ def extension() -> Section:
     return {"loaded": True, "path": ext.__file__, "BUILT_WITH_CUDA": built_cuda,
             "V100_ADAPTER": adapter, "CUDA_ARCHS": archs, "why": why,
             "CUDA kernels": {op: ops.has_cuda_kernel(op)
-                             for op in ("rms_norm", "paged_attention_decode", "gemv", "awq_gemv")
+                             for op in ("rms_norm", "paged_attention_decode", "gemv", "awq_gemv", "w4_gemv",
+                                        "fp8_gemv", "gguf_gemv", "moe_gemv_silu_and_mul", "moe_w4_gemv_act_and_mul")
                              if _op_exists(op)}}
 
 
@@ -76,6 +79,13 @@ def _op_exists(op: str) -> bool:
         return True
     except (AttributeError, RuntimeError):
         return False
+
+
+def _cuda_op(op: str) -> bool:
+    """Whether this build has ``op`` with a CUDA kernel (False for an op an older build lacks)."""
+    from vllm_volta import _custom_ops as ops
+
+    return _op_exists(op) and ops.has_cuda_kernel(op)
 
 
 def device(plat: Any, *, emulated: bool) -> Section:
@@ -142,7 +152,23 @@ def attention(plat: Any, dtype: torch.dtype) -> Section:
         else:
             out[name] = "rejected: " + "; ".join(reasons)
     out["chosen"] = chosen or "none can run"
+    out["--kv-cache-dtype"] = _kv_cache_dtypes(chosen, dtype)
     return out
+
+
+def _kv_cache_dtypes(backend: str | None, dtype: torch.dtype) -> str:
+    """The KV-cache element types the chosen backend reads for this model dtype."""
+    from vllm_volta.attention.kv_cache_dtype import KV_CACHE_DTYPES
+    from vllm_volta.platforms.dtype import dtype_name
+
+    text = (f"{', '.join(KV_CACHE_DTYPES)}: auto holds {dtype_name(dtype)}; fp8 / fp8_e4m3 (e4m3fn) and "
+            "fp8_e5m2 hold 1 byte per element, scaled per layer by the checkpoint's k/v scales, else 1.0")
+    if backend == "VOLTA_PAGED":
+        if dtype not in (torch.float16, torch.bfloat16):
+            return text + (" (FP8 refused here: the FP8 decode kernels take float16 / bfloat16, not "
+                           f"{dtype_name(dtype)})")
+        return text + " (FP8 bytes decoded in software by the decode kernels: no FP8 instructions needed)"
+    return text + " (FP8 dequantized by PyTorch ops as the cache is read)"
 
 
 def linear_kernels(plat: Any, dtype: torch.dtype, ext_loaded: bool) -> Section:
@@ -170,12 +196,69 @@ def linear_kernels(plat: Any, dtype: torch.dtype, ext_loaded: bool) -> Section:
     awq = kernel_path(dev, dtype)
     if plat.is_cuda() and not ops.has_cuda_kernel("awq_gemv"):
         awq += "; this build has no CUDA awq_gemv kernel"
-    out: Section = {"dense": dense, "AWQ / GPTQ 4-bit": awq,
-                    "mixture of experts": "each used expert's GEMMs on its tokens, grouped on the host "
-                                          "(no fused MoE kernel; MoE models run without CUDA graphs)"}
+    out: Section = {"dense": dense, "AWQ / GPTQ 4-bit": awq, "FP8": _fp8_path(plat, dtype),
+                    "GGUF": _gguf_path(dev, dtype), "mixture of experts": _moe_path(plat, dtype)}
     if ops.v100_adapter_build():
         out["gated MLP"] = "gate/up as two GEMMs (V100 adapter build: contiguous rows for silu_and_mul)"
     return out
+
+
+def _fp8_path(plat: Any, dtype: torch.dtype) -> str:
+    """FP8 checkpoints' linear layers on this platform (fp8.py's choice, by capability)."""
+    from vllm_volta.model_executor.layers.quantization import fp8_sm70
+
+    if not plat.is_cuda():
+        return "weights kept in FP8, dequantized each call for one CPU GEMM"
+    sm70 = (f"fp8_gemv up to {fp8_sm70.GEMV_MAX_ROWS} rows, fp8_gemm (WMMA) up to {fp8_sm70.GEMM_MAX_ROWS}, "
+            "fp8_dequantize + cuBLAS above, the weight kept in FP8 and converted in registers")
+    reason = fp8_sm70.sm70_kernels_reason(torch.device("cuda"), dtype)
+    if reason is not None:
+        sm70 = f"dequantized each call for one cuBLAS GEMM: {reason}"
+    if not plat.has_device_capability(89):
+        return f"{sm70}; no FP8 tensor cores below SM89"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return f"{sm70}; triton is not installed: no W8A8 GEMM"
+    decode = "" if reason else f", decode steps of up to {fp8_sm70.GEMV_MAX_ROWS} rows fp8_gemv"
+    return (f"checkpoints with FP8 activations: Triton W8A8 block GEMM (SM89+ FP8 tensor cores){decode}; "
+            f"weight-only checkpoints: {sm70}")
+
+
+def _gguf_path(dev: torch.device, dtype: torch.dtype) -> str:
+    """GGUF linear layers: the types kept in blocks, or why everything is dequantized at load."""
+    from vllm_volta.model_executor.layers.quantization.gguf import GEMV_MAX_ROWS, _KEPT_NAMES, kernels_reason
+
+    reason = kernels_reason(dev, dtype)
+    if reason is not None:
+        return f"every type dequantized at load into dense layers: {reason}"
+    return (f"{_KEPT_NAMES} kept in blocks: gguf_gemv up to {GEMV_MAX_ROWS} rows, gguf_dequantize + cuBLAS "
+            "above; other types dequantized at load")
+
+
+def _moe_path(plat: Any, dtype: torch.dtype) -> str:
+    """Mixture-of-experts layers: the device path (fused_moe.py, fused_moe_quant.py) or the host loop."""
+    from vllm_volta import _custom_ops as ops
+    from vllm_volta.platforms.dtype import dtype_name
+
+    host = "each used expert's GEMMs on its tokens, grouped on the host (MoE models run without CUDA graphs)"
+    if not plat.is_cuda():
+        return host
+    if not _cuda_op("moe_gemv_silu_and_mul"):
+        return f"{host}: this build has no CUDA mixture-of-experts kernels"
+    if dtype == torch.bfloat16 and not (plat.has_device_capability(80) and ops.cuda_bf16_kernels_built()):
+        return f"{host}: bfloat16 kernels need an SM80+ GPU and build"
+    text = ("on the device (CUDA graphs): routing, GEMVs over the chosen experts for decode, WMMA grouped "
+            "GEMM above")
+    if dtype != torch.float16:
+        return text + f"; quantized experts on the host ({dtype_name(dtype)}: their device path runs float16)"
+    quant = ("; FP8 experts dequantized per chosen pair, larger batches dequantized chunks + grouped GEMM"
+             if _cuda_op("moe_grouped_gemm") else "; quantized experts on the host (no moe_grouped_gemm kernel)")
+    if not _cuda_op("moe_grouped_gemm"):
+        return text + quant
+    if _cuda_op("moe_w4_gemv_act_and_mul"):
+        return text + quant + "; 4-bit experts: moe_w4 GEMVs over the chosen experts' packed rows, then as FP8"
+    return text + quant + "; 4-bit experts on the host (this build has no moe_w4 kernels)"
 
 
 def kernel_configs(plat: Any, emulated: bool) -> Section:
