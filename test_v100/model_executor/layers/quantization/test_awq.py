@@ -84,7 +84,7 @@ def test_config_errors_name_the_field():
     for bad, match in (({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported; supported: awq, gptq"),
                        ({"bits": 8}, "bits: AWQ with 8 bits"), ({"version": "gemv"}, "version: AWQ 'gemv'"),
                        ({"zero_point": False}, "zero_point"), ({"group_size": 0}, "group_size must be"),
-                       ({"modules_to_not_convert": ["visual"]}, "modules_to_not_convert")):
+                       ({"modules_to_not_convert": "visual"}, "modules_to_not_convert must be a list")):
         cfg.quantization_config = {"quant_method": "awq", "bits": 4, "group_size": 32} | bad
         with pytest.raises(ValueError, match=match):
             get_quant_config(cfg)

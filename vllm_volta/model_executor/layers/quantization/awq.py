@@ -32,10 +32,13 @@ GEMV_MAX_ROWS = 4  # awq_gemv's rows
 @dataclass(frozen=True)
 class AWQConfig:
     """4-bit weights in AWQ's layout. ``source``: the checkpoint's format, "awq", or "gptq" /
-    "gptq_v2" (GPTQ tensors, repacked to this layout as they load: gptq.py)."""
+    "gptq_v2" (GPTQ tensors, repacked to this layout as they load: gptq.py).
+    ``modules_to_not_convert``: the checkpoint's float layers; when it names any, each layer
+    becomes dense or packed by the first tensor the checkpoint holds for it (dense_or_packed.py)."""
 
     group_size: int
     source: str = "awq"
+    modules_to_not_convert: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, qc: dict[str, Any]) -> AWQConfig:
@@ -51,10 +54,12 @@ class AWQConfig:
             raise ValueError("quantization_config.zero_point: AWQ without zero points is not supported")
         if not isinstance(group, int) or group < 1:
             raise ValueError(f"quantization_config.group_size must be a positive int, got {group!r}")
-        if qc.get("modules_to_not_convert"):
-            raise ValueError(f"quantization_config.modules_to_not_convert {qc['modules_to_not_convert']} "
-                             "is not supported (every linear layer must be quantized)")
-        return cls(group)
+        skip = qc.get("modules_to_not_convert")
+        skip = [] if skip is None else skip
+        if not isinstance(skip, (list, tuple)) or not all(isinstance(m, str) for m in skip):
+            raise ValueError("quantization_config.modules_to_not_convert must be a list of module names "
+                             f"(strings) or null, got {skip!r}")
+        return cls(group, modules_to_not_convert=tuple(skip))
 
     @property
     def quant_method(self) -> str:
@@ -66,11 +71,16 @@ class AWQConfig:
 
     def get_quant_method(self) -> AWQLinearMethod:
         """The linear method a layer built under this config uses (each config makes its own)."""
+        if self.modules_to_not_convert:  # the checkpoint keeps some layers float
+            from vllm_volta.model_executor.layers.quantization.dense_or_packed import AWQDenseOrPackedMethod
+            return AWQDenseOrPackedMethod(self)
         return AWQLinearMethod(self)
 
     def describe(self) -> str:
         if self.source == "awq":
-            return f"AWQ 4-bit, group size {self.group_size}"
+            dense = (f"; dense where the checkpoint holds float weights (modules_to_not_convert: "
+                     f"{', '.join(self.modules_to_not_convert)})" if self.modules_to_not_convert else "")
+            return f"AWQ 4-bit, group size {self.group_size}{dense}"
         return f"GPTQ 4-bit ({self.source}), group size {self.group_size}, repacked to AWQ's layout"
 
 

@@ -1,11 +1,13 @@
 """Linear layers of a checkpoint that quantizes only some of them (compressed-tensors' ``ignore``
-list and ``targets``): the checkpoint decides, per layer, as its tensors load.
+list and ``targets``, AWQ's ``modules_to_not_convert``): the checkpoint decides, per layer, as its
+tensors load.
 
 Each layer starts with the packed tensors of its config and an empty ``weight``. The first
 tensor that loads fixes the layer: a dense ``weight`` allocates the full float weight and drops
 the packed tensors; a packed tensor drops the empty ``weight``. Either way the parameters left are
 exactly the ones the checkpoint must fill, so a missing tensor is still reported, and only dense
 layers pay for float weights. The projections fused into one layer (q/k/v, gate/up) must agree.
+A dense layer never reaches the packed method's loaders, so it is never repacked (w4_linear.py).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vllm_volta.model_executor.layers.quantization.awq import AWQLinearMethod
 from vllm_volta.model_executor.layers.quantization.packed_int import PackedIntLinearMethod
 
 _DENSE, _PACKED = "dense", "packed"
 
 
-class DenseOrPackedMethod(PackedIntLinearMethod):
-    """PackedIntLinearMethod for layers that may turn out dense (``layer.quant_kind``)."""
+class DenseOrPacked:
+    """Mixed in before a packed linear method (its ``create_weights``, ``dense_weight`` and
+    ``apply`` serve packed layers) for layers that may turn out dense (``layer.quant_kind``)."""
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
                        params_dtype: torch.dtype | None) -> None:
@@ -65,7 +69,8 @@ class DenseOrPackedMethod(PackedIntLinearMethod):
             elif layer.quant_kind != kind:
                 raise ValueError(f"this layer's tensors are both {layer.quant_kind} and {kind}: the "
                                  "projections fused into one layer (q/k/v, gate/up) must all be "
-                                 "quantized or all be listed in the checkpoint's ignore list")
+                                 "quantized or all be listed in the checkpoint's ignore list / "
+                                 "modules_to_not_convert")
             load(param, loaded, *shard)
         return choose_then_load
 
@@ -78,3 +83,11 @@ class DenseOrPackedMethod(PackedIntLinearMethod):
         if layer.quant_kind == _DENSE:
             return F.linear(x, layer.weight, bias)
         return super().apply(layer, x, bias)
+
+
+class DenseOrPackedMethod(DenseOrPacked, PackedIntLinearMethod):
+    """GPTQ / compressed-tensors integer layers that may be dense (the ``ignore`` list)."""
+
+
+class AWQDenseOrPackedMethod(DenseOrPacked, AWQLinearMethod):
+    """AWQ layers that may be dense (``modules_to_not_convert``)."""
