@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from vllm_volta.attention.backends.torch_sdpa import TorchSDPAImpl
-from vllm_volta.attention.kv_cache_dtype import (KV_CACHE_DTYPES, kv_cache_torch_dtype, kv_scale_target, quantize,
-                                                 scale_value)
+from vllm_volta.attention.kv_cache_dtype import (KV_CACHE_DTYPES, kv_cache_torch_dtype, kv_scale_target, scale_value)
 from vllm_volta.attention.layer import Attention, write_to_kv_cache
 from vllm_volta.attention.metadata import build_attn_metadata
 from vllm_volta.config import CacheConfig

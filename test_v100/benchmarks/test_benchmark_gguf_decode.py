@@ -4,8 +4,6 @@ decode timing on a tiny model on the CPU, argument checks and the CUDA requireme
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 

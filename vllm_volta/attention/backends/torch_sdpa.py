@@ -75,7 +75,6 @@ class _Plan:
 
 def _build_plan(md: AttentionMetadata, block_size: int, window: int | None) -> _Plan:
     plan = _Plan()
-    device = md.block_table.device
     starts = md.query_start_loc_cpu.tolist()
     seq_lens = md.seq_lens_cpu.tolist()
     decodes = [i for i in range(len(seq_lens)) if starts[i + 1] - starts[i] == 1]

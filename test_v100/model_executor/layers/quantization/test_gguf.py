@@ -7,8 +7,6 @@ the dequantized checkpoint."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
