@@ -16,6 +16,7 @@
 #include <mma.h>
 
 #include "kernels/type_convert.cuh"
+#include "kernels/wmma_tiles.cuh"
 
 namespace vllm_volta {
 
@@ -103,26 +104,10 @@ __device__ __forceinline__ void moe_gemm_body(T* __restrict__ out, const T* __re
       if (b_row[i] >= 0) *reinterpret_cast<uint4*>(&b_tile[b_row[i]][b_vec[i] * 8]) = b_reg[i];
     __syncthreads();
     if (k0 + VK < nvec) load(k0 + VK);  // in flight during the MMAs
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[FN];
-#pragma unroll
-      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], &a_tile[(wm * FM + i) * 16][kk], LD);
-#pragma unroll
-      for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(fb[j], &b_tile[(wn * FN + j) * 16][kk], LD);
-#pragma unroll
-      for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    wmma_tile_k_step<T, FM, FN, BK, LD>(acc, a_tile, b_tile, wm, wn);
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j)
-      wmma::store_matrix_sync(&c_tile[(wm * FM + i) * 16][(wn * FN + j) * 16], acc[i][j], LDC, wmma::mem_row_major);
+  wmma_store_tiles<FM, FN, LDC>(c_tile, acc, wm, wn);
   __syncthreads();
   for (int idx = threadIdx.x; idx < BM * BN; idx += kMoeGemmThreads) {
     const int r = idx / BN, c = idx % BN;

@@ -31,10 +31,9 @@ needs_nvrtc = [
 
 @pytest.mark.parametrize("arch", ["compute_70", "compute_75", "compute_80"])
 @pytest.mark.parametrize("header", list(UNITS))
+@needs_nvrtc[0]
+@needs_nvrtc[1]
 def test_fp8_kernels_compile_without_fp8_instructions(header, arch):
-    for mark in needs_nvrtc:
-        if mark.args[0]:
-            pytest.skip(mark.kwargs["reason"])
     rc, log, ptx = nvrtc_compile(load_nvrtc_12(), f'#include "{header}"\n', UNITS[header], arch,
                                  [CSRC, find_cuda_home() / "include"])
     assert rc == 0, f"NVRTC {arch} failed for {header}:\n{log}"
